@@ -1,0 +1,140 @@
+"""Transformer hparams sets.
+
+Values of the sets named after tensor2tensor's are those of tensor2tensor's
+`models/transformer.py` and `layers/common_hparams.py` (its last release):
+`transformer_base` is its `transformer_base_v3` chain. `batch_size` counts tokens per
+replica and micro-step, as rows x max(source length, target length) with padding.
+"""
+
+from t2t_lite.hparams import HParams
+from t2t_lite.registry import register_hparams
+
+
+def basic_params() -> HParams:
+  """Every hparam the trainer knows, with tensor2tensor's basic defaults."""
+  return HParams(
+      # Model.
+      model="transformer",
+      hidden_size=512,
+      filter_size=2048,
+      num_heads=8,
+      num_encoder_layers=6,
+      num_decoder_layers=6,
+      layer_preprocess_sequence="n",
+      layer_postprocess_sequence="da",
+      layer_prepostprocess_dropout=0.1,
+      attention_dropout=0.1,
+      relu_dropout=0.1,
+      norm_epsilon=1e-6,
+      shared_embedding_and_softmax_weights=True,
+      label_smoothing=0.1,
+      # Input.
+      batch_size=4096,
+      max_length=256,
+      min_length_bucket=8,
+      length_bucket_step=1.1,
+      shuffle_buffer_size=20000,
+      # Optimizer and schedule (counted in updates).
+      optimizer="adam",
+      optimizer_adam_beta1=0.9,
+      optimizer_adam_beta2=0.997,
+      optimizer_adam_epsilon=1e-9,
+      optimizer_multistep_accumulate_steps=1,
+      effective_batch_tokens=0,
+      learning_rate_schedule="constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size",
+      learning_rate_constant=2.0,
+      learning_rate_warmup_steps=8000,
+      clip_grad_norm=0.0,
+      max_consecutive_nonfinite=5,
+      # Numerics.
+      mixed_precision=False,
+  )
+
+
+@register_hparams
+def transformer_base() -> HParams:
+  """tensor2tensor `transformer_base` (= v3): 6+6 layers, 512/2048, 8 heads, 4096 tokens.
+
+  Peak learning rate 2.0 * 8000^-0.5 * 512^-0.5 = 9.9e-4 at update 8000.
+  """
+  return basic_params()
+
+
+@register_hparams
+def transformer_big() -> HParams:
+  """tensor2tensor `transformer_big`: 1024/4096, 16 heads, dropout 0.3, 2048 tokens."""
+  hparams = transformer_base()
+  hparams.hidden_size = 1024
+  hparams.filter_size = 4096
+  hparams.num_heads = 16
+  hparams.batch_size = 2048
+  hparams.layer_prepostprocess_dropout = 0.3
+  return hparams
+
+
+@register_hparams
+def transformer_base_single_gpu() -> HParams:
+  """tensor2tensor `transformer_base_single_gpu`: 1024 tokens, constant 0.1, warmup 16000."""
+  hparams = transformer_base()
+  hparams.batch_size = 1024
+  hparams.learning_rate_schedule = "constant*linear_warmup*rsqrt_decay"
+  hparams.learning_rate_constant = 0.1
+  hparams.learning_rate_warmup_steps = 16000
+  return hparams
+
+
+@register_hparams(aliases=("transformer_base_multistep8",))
+def transformer_base_fake_gpu8() -> HParams:
+  """`transformer_base` on one GPU acting as eight: multistep Adam over 8 micro-batches.
+
+  tensor2tensor merged this as `transformer_base_multistep8`; under review it was named
+  `transformer_base_fake_gpu8`. Tokens per update: 4096 x 8 = 32768 on one replica.
+  """
+  hparams = transformer_base()
+  hparams.optimizer_multistep_accumulate_steps = 8
+  return hparams
+
+
+@register_hparams
+def transformer_small() -> HParams:
+  """tensor2tensor `transformer_small`: 2+2 layers, 256/1024, 4 heads."""
+  hparams = transformer_base()
+  hparams.num_encoder_layers = 2
+  hparams.num_decoder_layers = 2
+  hparams.hidden_size = 256
+  hparams.filter_size = 1024
+  hparams.num_heads = 4
+  return hparams
+
+
+@register_hparams
+def transformer_tiny() -> HParams:
+  """tensor2tensor `transformer_tiny`: 2+2 layers, 128/512, 4 heads."""
+  hparams = transformer_small()
+  hparams.hidden_size = 128
+  hparams.filter_size = 512
+  return hparams
+
+
+@register_hparams
+def transformer_multi30k_cpu() -> HParams:
+  """The CPU demo (`make train`): Multi30k en-de in a 25-minute training budget.
+
+  3+3 layers, 256/1024, 4 heads, dropout 0.1, label smoothing 0.1, a joint 8000-piece
+  vocabulary (the Multi30k problems' size), 4096 tokens per micro-step. Mixed precision:
+  bfloat16 compute on CPUs that have native bfloat16 (AMX, AVX512-BF16; ~1.5x faster steps),
+  float32 elsewhere. A budget of ~700-2,000 updates wants a short warmup and a higher peak
+  rate than the 100k-update paper sets: peak = 0.5 * 250^-0.5 * 256^-0.5 = 2.0e-3.
+  """
+  hparams = transformer_base()
+  hparams.num_encoder_layers = 3
+  hparams.num_decoder_layers = 3
+  hparams.hidden_size = 256
+  hparams.filter_size = 1024
+  hparams.num_heads = 4
+  hparams.batch_size = 4096
+  hparams.max_length = 128
+  hparams.mixed_precision = True
+  hparams.learning_rate_constant = 0.5
+  hparams.learning_rate_warmup_steps = 250
+  return hparams

@@ -1,0 +1,93 @@
+"""What every command-line program shares: quiet TensorFlow import, flags, exit codes.
+
+Exit codes: 0 done; 2 usage error (bad flag, unknown name, bad data layout); 1 a run that
+failed (non-finite updates, no readable checkpoint). Known errors print one line on stderr;
+`--debug` adds the Python traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from absl import app, flags, logging
+
+from t2t_lite.errors import RunError, UsageError
+
+flags.DEFINE_bool("debug", False, "Print Python tracebacks for usage and run errors.")
+FLAGS = flags.FLAGS
+
+
+def import_tensorflow():
+  """Imports TensorFlow without its start-up noise on stderr; later errors still show.
+
+  TensorFlow writes oneDNN and CUDA-probe lines from C++ before absl logging starts; no
+  setting removes all of them, so stderr is pointed at /dev/null for the import and the
+  first device query only.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    import tensorflow as tf
+    tf.config.list_physical_devices()
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+  return tf
+
+
+def _fail(program: str, err: Exception) -> None:
+  if FLAGS.is_parsed() and FLAGS.debug:
+    traceback.print_exc()
+  print(f"{program}: error: {err}", file=sys.stderr)
+  sys.exit(getattr(err, "exit_code", 1))
+
+
+def run(main, program: str) -> None:
+  """Runs `main()` under absl with one-line errors and the project's exit codes."""
+
+  def parse(argv):
+    try:
+      rest = FLAGS(argv)
+    except flags.Error as err:
+      print(f"{program}: error: {err} (see {program} --help)", file=sys.stderr)
+      sys.exit(2)
+    if len(rest) > 1:
+      print(f"{program}: error: unexpected arguments {rest[1:]}; flags take the form "
+            "--name=value", file=sys.stderr)
+      sys.exit(2)
+    return rest
+
+  def wrapped(argv):
+    if FLAGS["verbosity"].using_default_value:
+      logging.set_verbosity(logging.INFO)
+    import_tensorflow()  # the registries load TensorFlow-based modules
+    try:
+      main()
+    except (UsageError, RunError) as err:
+      _fail(program, err)
+    except OSError as err:
+      _fail(program, RunError(f"{err}"))
+
+  app.run(wrapped, flags_parser=parse)
+
+
+def require(flag_value, name: str, example: str) -> None:
+  if not flag_value:
+    raise UsageError(f"--{name} is required, e.g. --{name}={example}")
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+  """Creates `path` if needed; a usage error when it cannot be written."""
+  probe = path
+  while probe and not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UsageError(f"--{flag}={path} is a file, not a directory")
+  if not os.access(probe or ".", os.W_OK):
+    raise UsageError(f"--{flag}={path} is not writable; choose a directory you can write to")

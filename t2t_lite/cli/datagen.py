@@ -1,0 +1,48 @@
+"""t2t-lite-datagen: raw parallel text -> sentencepiece vocabulary + TFRecord shards."""
+
+from __future__ import annotations
+
+
+from absl import flags
+
+from t2t_lite.cli import common
+
+flags.DEFINE_string("problem", None, "Registered problem, e.g. translate_ende_multi30k.")
+flags.DEFINE_string("data_dir", None, "Where the vocabulary, shards and manifest go.")
+flags.DEFINE_string("tmp_dir", None, "Where the raw corpus is (or is downloaded to).")
+flags.DEFINE_string("source_lang", "", "translate_folder: source file suffix, e.g. en.")
+flags.DEFINE_string("target_lang", "", "translate_folder: target file suffix, e.g. de.")
+flags.DEFINE_integer("vocab_size", 0, "translate_folder: vocabulary size (0: 8000).")
+FLAGS = flags.FLAGS
+
+
+def main() -> None:
+  from t2t_lite import registry
+  common.require(FLAGS.problem, "problem", "translate_ende_multi30k")
+  problem = registry.problem(FLAGS.problem)
+  common.require(FLAGS.data_dir, "data_dir", "data/multi30k_ende")
+  common.require(FLAGS.tmp_dir, "tmp_dir", "raw/multi30k")
+  common.check_writable_dir(FLAGS.data_dir, "data_dir")
+  problem.configure(source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
+                    vocab_size=FLAGS.vocab_size)
+  common.import_tensorflow()
+  manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir)
+  if manifest["skipped"]:
+    print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "
+          "nothing to do")
+    return
+  for split, info in manifest["splits"].items():
+    dropped = ", ".join(f"{n} {why}" for why, n in info["dropped"].items()) or "none"
+    print(f"{problem.name} {split}: {info['read']} pairs read, {info['kept']} kept "
+          f"(dropped: {dropped}) -> {len(info['files'])} file(s)")
+  print(f"vocabulary: {manifest['vocab']['file']} ({manifest['vocab']['size']} pieces, "
+        f"sha256 {manifest['vocab']['sha256'][:12]})")
+  print(f"manifest: {problem.manifest_file(FLAGS.data_dir)}")
+
+
+def run() -> None:
+  common.run(main, "t2t-lite-datagen")
+
+
+if __name__ == "__main__":
+  run()

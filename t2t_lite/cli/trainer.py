@@ -1,0 +1,126 @@
+"""t2t-lite-trainer: trains a registered hparams set on a problem, or prints the plan."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags
+
+from t2t_lite.cli import common
+
+flags.DEFINE_string("problem", "translate_ende_multi30k", "Registered problem.")
+flags.DEFINE_string("model", "transformer", "Registered model.")
+flags.DEFINE_string("hparams_set", "transformer_multi30k_cpu", "Registered hparams set.")
+flags.DEFINE_string("hparams", "", "Overrides, e.g. 'batch_size=2048,clip_grad_norm=1.0'.")
+flags.DEFINE_string("data_dir", None, "Directory written by t2t-lite-datagen.")
+flags.DEFINE_string("output_dir", None, "Checkpoints, summaries and hparams.json.")
+flags.DEFINE_integer("train_steps", 250000, "Updates (optimizer steps) to train; the trainer "
+                     "runs train_steps x accumulate_steps micro-steps.")
+flags.DEFINE_float("train_minutes", 0.0, "Stop after this much training wall time (0: no limit).")
+flags.DEFINE_integer("eval_steps", 100, "Dev batches for the dev loss (0: the whole dev set).")
+flags.DEFINE_integer("local_eval_frequency", 1000, "Evaluate every this many updates (0: never).")
+flags.DEFINE_integer("eval_bleu_sentences", 500, "Dev sentences decoded for BLEU at each "
+                     "evaluation (0: no BLEU).")
+flags.DEFINE_integer("eval_beam_size", 1, "Beam size of the BLEU evaluation (1: greedy).")
+flags.DEFINE_integer("save_checkpoints_steps", 1000, "Save a checkpoint every this many updates.")
+flags.DEFINE_integer("keep_checkpoint_max", 20, "Checkpoints kept.")
+flags.DEFINE_integer("log_every", 100, "Log and write summaries every this many updates.")
+flags.DEFINE_integer("random_seed", 1, "Seed of initialization, data order and dropout.")
+flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
+                  "tf.distribute strategy; auto = mirrored over all GPUs when there are several.")
+flags.DEFINE_integer("cpu_replicas", 1, "Split the CPU into this many logical devices "
+                     "(with --strategy=mirrored: try data parallelism on a CPU).")
+flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, problems, models.")
+flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
+flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
+                  "hparams set or changed values.")
+flags.DEFINE_bool("deterministic", False, "Deterministic TensorFlow ops (slower).")
+flags.DEFINE_list("debug_nan_micro_steps", [], "Testing aid: poison the loss of these "
+                  "micro-steps (1-based) with NaN.")
+FLAGS = flags.FLAGS
+
+
+def _format_bytes(count: int) -> str:
+  return f"{count / 2 ** 20:.1f} MiB"
+
+
+def main() -> None:
+  from t2t_lite import registry, rundir, steps
+
+  if FLAGS.registry_help:
+    print(registry.help_string())
+    return
+  if not FLAGS.dry_run:
+    common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
+    common.check_writable_dir(FLAGS.output_dir, "output_dir")
+  registry.models.canonical(FLAGS.model)
+  problem = registry.problem(FLAGS.problem)
+  hparams, previous = rundir.resolve(FLAGS.hparams_set, FLAGS.hparams, FLAGS.output_dir,
+                                     FLAGS.allow_hparams_change)
+  hparams.model = FLAGS.model
+  data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
+  if not FLAGS.dry_run:
+    common.require(data_dir, "data_dir", "data/multi30k_ende")
+
+  tf = common.import_tensorflow()
+  from t2t_lite import data, distribute, optimize
+  optimize.check_schedule(hparams)
+  data.check_batch_size(hparams.batch_size, hparams.max_length)
+  if FLAGS.dry_run:
+    replicas = distribute.planned_replicas(FLAGS.strategy, FLAGS.cpu_replicas)
+  else:
+    strategy, is_chief = distribute.make_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
+    replicas = strategy.num_replicas_in_sync
+  plan = steps.plan(hparams, replicas, FLAGS.train_steps)
+  vocab_size = problem.vocab_size_in(data_dir)
+  params = rundir.parameter_count(hparams, vocab_size)
+  accumulators = params * 4 if plan.accumulate_steps > 1 else 0
+  summary = [f"hparams set: {registry.hparams_sets.canonical(FLAGS.hparams_set)}"
+             + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
+             f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
+             f"parameters: {params:,} ({_format_bytes(params * 4)} float32)",
+             f"Adam slots: {_format_bytes(params * 8)}; accumulators: "
+             f"{_format_bytes(accumulators)}"
+             + (" (none with accumulate steps 1)" if not accumulators else "")]
+  if FLAGS.dry_run:
+    print("\n".join(summary))
+    print("hparams:")
+    for name, value in sorted(hparams.values().items()):
+      print(f"  {name} = {value}")
+    return
+
+  if FLAGS.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  tf.keras.utils.set_random_seed(FLAGS.random_seed)
+  from t2t_lite import train
+  problem.manifest(data_dir)  # a clear error before anything is written
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  if is_chief:
+    rundir.write_meta(FLAGS.output_dir, {
+        "hparams_set": registry.hparams_sets.canonical(FLAGS.hparams_set),
+        "problem": problem.name, "data_dir": os.path.abspath(data_dir),
+        "vocab_size": vocab_size, "hparams": hparams.values()})
+  print("\n".join(summary), flush=True)
+  options = train.RunOptions(
+      output_dir=FLAGS.output_dir, data_dir=data_dir, seed=FLAGS.random_seed,
+      keep_checkpoint_max=FLAGS.keep_checkpoint_max,
+      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+      local_eval_frequency=FLAGS.local_eval_frequency, eval_steps=FLAGS.eval_steps,
+      log_every=FLAGS.log_every, train_minutes=FLAGS.train_minutes,
+      eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size,
+      nan_micro_steps=tuple(int(s) for s in FLAGS.debug_nan_micro_steps))
+  trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief)
+  result = trainer.train()
+  print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
+        f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
+        f"{result['checkpoint']}", flush=True)
+  sys.stdout.flush()
+
+
+def run() -> None:
+  common.run(main, "t2t-lite-trainer")
+
+
+if __name__ == "__main__":
+  run()

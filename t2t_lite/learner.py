@@ -1,0 +1,189 @@
+"""Model + Adam + exact gradient accumulation, as compiled steps.
+
+Per micro-step, every replica adds the gradient of its *summed* token loss, the summed loss
+and its count of non-padding target tokens to replica-local accumulators; nothing crosses
+replicas. At the update, the accumulators are summed across replicas once, the gradient is
+divided by the total token count T (so n micro-batches are exactly one batch of their union,
+token-weighted), optionally clipped, and Adam is applied once. With
+accumulate_steps = 1 there are no accumulators: one fused step does gradient and update.
+
+Dropout seeds are (random_seed, micro_step x replicas + replica): a function of checkpointed
+counters, so a resumed run draws the same masks as one never stopped.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from t2t_lite import registry
+from t2t_lite.models.transformer import compute_dtype
+from t2t_lite.optimize import Adam, GradientAccumulator, check_schedule, learning_rate
+
+SUM = tf.distribute.ReduceOp.SUM
+BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
+              "targets": tf.TensorSpec([None, None], tf.int32)}
+
+
+class Learner:
+  """Holds the trainable state and runs micro-steps and updates."""
+
+  def __init__(self, hparams, vocab_size: int, accumulate_steps: int, seed: int = 1,
+               strategy: tf.distribute.Strategy | None = None, nan_micro_steps=()):
+    check_schedule(hparams)
+    self.hparams = hparams
+    self.accumulate_steps = accumulate_steps
+    self.seed = seed
+    self.strategy = strategy or tf.distribute.get_strategy()
+    self.replicas = self.strategy.num_replicas_in_sync
+    self.dropout_on = any(rate > 0 for rate in (hparams.layer_prepostprocess_dropout,
+                                                 hparams.attention_dropout,
+                                                 hparams.relu_dropout))
+    self.nan_micro_steps = tuple(int(s) for s in nan_micro_steps)
+    self._micro = None
+    with self.strategy.scope():
+      self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
+      self.variables = list(self.model.trainable_variables)
+      self.adam = Adam(self.variables, hparams.optimizer_adam_beta1,
+                       hparams.optimizer_adam_beta2, hparams.optimizer_adam_epsilon)
+      counter = dict(dtype=tf.int64, trainable=False,
+                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self.micro_step = tf.Variable(0, name="micro_step", **counter)
+      self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
+      self.accumulator = GradientAccumulator(self.variables) if accumulate_steps > 1 else None
+      # float16 needs loss scaling; bfloat16 has float32's range and does not.
+      self.loss_scale = None
+      if compute_dtype(hparams) == tf.float16:
+        self.loss_scale = tf.Variable(2.0 ** 15, trainable=False, name="loss_scale",
+                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.good_updates = tf.Variable(0, name="good_updates", **counter)
+    distributed = self.replicas > 1 or tf.distribute.has_strategy()
+    signature = None if distributed else [BATCH_SPEC]
+    compile_fn = lambda fn: tf.function(fn, input_signature=signature,  # noqa: E731
+                                        reduce_retracing=True)
+    self.micro_step_fn = compile_fn(self._distributed_micro_step)
+    self.fused_step_fn = compile_fn(self._distributed_fused_step)
+    self.update_fn = tf.function(self._update)
+    self.eval_fn = tf.function(self._eval_loss, input_signature=[BATCH_SPEC])
+
+  # --- state -------------------------------------------------------------------------
+  @property
+  def update_step(self) -> tf.Variable:
+    return self.adam.iterations
+
+  def trackables(self) -> dict:
+    """What a checkpoint must hold to resume exactly."""
+    state = {"model": self.model, "optimizer": self.adam, "micro_step": self.micro_step,
+             "skipped_updates": self.skipped_updates}
+    if self.accumulator is not None:
+      state["accumulator"] = self.accumulator
+    if self.loss_scale is not None:
+      state["loss_scale"] = self.loss_scale
+      state["good_updates"] = self.good_updates
+    return state
+
+  def state_bytes(self) -> dict:
+    params = sum(v.shape.num_elements() * 4 for v in self.variables)
+    return {"parameters": params, "adam_slots": 2 * params,
+            "accumulators": self.accumulator.nbytes() if self.accumulator else 0}
+
+  # --- one replica -------------------------------------------------------------------
+  def _gradients(self, batch):
+    """Gradients of the summed token loss of `batch` on this replica (dense, float32)."""
+    seed = None
+    if self.dropout_on:
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      seed = tf.stack([tf.constant(self.seed, tf.int64),
+                       self.micro_step * self.replicas + tf.cast(replica, tf.int64)])
+    with tf.GradientTape() as tape:
+      loss, tokens = self.model.loss(batch["inputs"], batch["targets"], seed)
+      scaled = loss
+      if self.nan_micro_steps:  # fault injection for tests: poison chosen micro-steps
+        poisoned = tf.reduce_any(tf.equal(self.micro_step + 1, self.nan_micro_steps))
+        scaled = scaled * tf.where(poisoned, float("nan"), 1.0)
+      if self.loss_scale is not None:
+        scaled = scaled * self.loss_scale
+    grads = tape.gradient(scaled, self.variables)
+    # Embedding gradients arrive as IndexedSlices; densify so every path (n = 1 or n > 1)
+    # gives Adam the same dense gradient with duplicate ids summed.
+    grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+    if self.loss_scale is not None:
+      grads = [g / self.loss_scale for g in grads]
+    return grads, loss, tokens
+
+  def _accumulate(self, batch):
+    grads, loss, tokens = self._gradients(batch)
+    self.accumulator.add(grads, loss, tokens)
+
+  # --- across replicas ---------------------------------------------------------------
+  def _distributed_micro_step(self, batch):
+    self.strategy.run(self._accumulate, args=(batch,))
+    self.micro_step.assign_add(1)
+
+  def _distributed_fused_step(self, batch):
+    grads, loss, tokens = self.strategy.run(self._gradients, args=(batch,))
+    reduce = lambda x: self.strategy.reduce(SUM, x, axis=None)  # noqa: E731
+    stats = self._apply([reduce(g) for g in grads], reduce(loss), reduce(tokens))
+    self.micro_step.assign_add(1)
+    return stats
+
+  def _update(self):
+    acc = self.accumulator
+    # A cross-replica read of an ON_READ/SUM variable is the sum over replicas.
+    stats = self._apply([g.read_value() for g in acc.gradients], acc.loss.read_value(),
+                        acc.tokens.read_value())
+    self.strategy.run(acc.reset)
+    return stats
+
+  def _apply(self, grad_sums, loss_sum, tokens):
+    """Divides by the token count, clips, and applies Adam unless something is non-finite."""
+    hparams = self.hparams
+    denominator = tf.maximum(tokens, 1.0)
+    grads = [g / denominator for g in grad_sums]
+    norm = tf.linalg.global_norm(grads)
+    finite = tf.math.is_finite(norm) & tf.math.is_finite(loss_sum)
+    if hparams.clip_grad_norm > 0:
+      grads, _ = tf.clip_by_global_norm(grads, hparams.clip_grad_norm, use_norm=norm)
+    lr = learning_rate(hparams, self.adam.iterations + 1)
+
+    def apply():
+      self.adam.apply(grads, self.variables, lr)
+      return tf.constant(True)
+
+    def skip():
+      self.skipped_updates.assign_add(1)
+      return tf.constant(False)
+
+    tf.cond(finite, apply, skip)
+    if self.loss_scale is not None:
+      self._adjust_loss_scale(finite)
+    return {"loss": loss_sum / denominator, "grad_norm": norm, "learning_rate": lr,
+            "tokens": tokens, "finite": finite}
+
+  def _adjust_loss_scale(self, finite):
+    """Dynamic loss scaling: halve on overflow, double after 2000 good updates."""
+    good = tf.where(finite, self.good_updates + 1, 0)
+    grow = good >= 2000
+    scale = tf.where(finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale),
+                     tf.maximum(self.loss_scale / 2.0, 1.0))
+    self.loss_scale.assign(scale)
+    self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), good))
+
+  def _eval_loss(self, batch):
+    return self.model.loss(batch["inputs"], batch["targets"])
+
+  # --- the public steps --------------------------------------------------------------
+  def step(self, batch):
+    """One micro-step; returns the update's statistics when it completed an update."""
+    if self._micro is None:  # a host mirror of the counter, read once after (re)start
+      self._micro = int(self.micro_step.numpy())
+    self._micro += 1
+    if self.accumulator is None:
+      return self.fused_step_fn(batch)
+    self.micro_step_fn(batch)
+    if self._micro % self.accumulate_steps == 0:
+      return self.update_fn()
+    return None
+
+  def forget_host_counters(self) -> None:
+    """Call after restoring a checkpoint: the counters are re-read on the next step."""
+    self._micro = None

@@ -1,0 +1,161 @@
+"""Building blocks: dense, layer norm, embeddings, attention, dropout from explicit seeds.
+
+Weights are float32 tf.Variables; `compute_dtype` (bfloat16/float16 under mixed precision)
+is applied at use. Dropout draws from stateless RNG seeded by (run seed, micro-step, site),
+so a resumed run draws exactly the masks an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+
+class SeedStream:
+  """Distinct stateless seeds for each dropout site of one forward pass."""
+
+  def __init__(self, seed):
+    self._seed = None if seed is None else tf.cast(seed, tf.int64)
+    self._site = 0
+
+  def next(self):
+    self._site += 1
+    return self._seed + tf.constant([0, 1_000_003], tf.int64) * self._site
+
+
+def dropout(x, rate: float, seeds: SeedStream | None):
+  if seeds is None or seeds._seed is None or rate <= 0.0:
+    return x
+  # Integer random bits against an integer threshold: cheaper than uniform floats.
+  bits = tf.random.stateless_uniform(tf.shape(x), seeds.next(), minval=None, maxval=None,
+                                     dtype=tf.int32)
+  keep = bits >= int(-2 ** 31 + rate * 2 ** 32)
+  return tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
+
+
+class Initializer:
+  """Deterministic Glorot-uniform initial values from one integer seed."""
+
+  def __init__(self, seed: int):
+    self._seed = seed
+    self._count = 0
+
+  def glorot(self, shape):
+    self._count += 1
+    limit = math.sqrt(6.0 / (shape[0] + shape[-1]))
+    return tf.random.stateless_uniform(shape, [self._seed, self._count], -limit, limit)
+
+  def normal(self, shape, stddev):
+    self._count += 1
+    return tf.random.stateless_normal(shape, [self._seed, self._count], stddev=stddev)
+
+
+class Dense(tf.Module):
+  def __init__(self, init: Initializer, in_dim: int, out_dim: int, use_bias: bool, name: str):
+    super().__init__(name=name)
+    self.kernel = tf.Variable(init.glorot([in_dim, out_dim]), name="kernel")
+    self.bias = tf.Variable(tf.zeros([out_dim]), name="bias") if use_bias else None
+
+  def __call__(self, x):
+    shape = tf.shape(x)
+    y = tf.matmul(tf.reshape(x, [-1, shape[-1]]), tf.cast(self.kernel, x.dtype))
+    if self.bias is not None:
+      y += tf.cast(self.bias, x.dtype)
+    return tf.reshape(y, tf.concat([shape[:-1], [self.kernel.shape[1]]], 0))
+
+
+class LayerNorm(tf.Module):
+  """Layer normalization computed in float32."""
+
+  def __init__(self, dim: int, epsilon: float, name: str):
+    super().__init__(name=name)
+    self.scale = tf.Variable(tf.ones([dim]), name="scale")
+    self.bias = tf.Variable(tf.zeros([dim]), name="bias")
+    self.epsilon = epsilon
+
+  def __call__(self, x):
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    y = (x32 - mean) * tf.math.rsqrt(variance + self.epsilon) * self.scale + self.bias
+    return tf.cast(y, x.dtype)
+
+
+def timing_signal(positions, channels: int, min_timescale=1.0, max_timescale=1.0e4):
+  """tensor2tensor's sinusoids: [sin, cos] over geometric timescales; positions: int [T]."""
+  num_timescales = channels // 2
+  log_increment = math.log(max_timescale / min_timescale) / max(num_timescales - 1, 1)
+  inv_timescales = min_timescale * tf.exp(
+      tf.range(num_timescales, dtype=tf.float32) * -log_increment)
+  scaled = tf.cast(positions, tf.float32)[:, None] * inv_timescales[None, :]
+  signal = tf.concat([tf.sin(scaled), tf.cos(scaled)], axis=1)
+  return tf.pad(signal, [[0, 0], [0, channels % 2]])
+
+
+def split_heads(x, num_heads: int):
+  """[B, T, D] -> [B, H, T, D/H]."""
+  shape = tf.shape(x)
+  x = tf.reshape(x, [shape[0], shape[1], num_heads, x.shape[-1] // num_heads])
+  return tf.transpose(x, [0, 2, 1, 3])
+
+
+def merge_heads(x, hidden: int):
+  """[B, H, T, d] -> [B, T, hidden = H*d]."""
+  x = tf.transpose(x, [0, 2, 1, 3])
+  shape = tf.shape(x)
+  return tf.reshape(x, [shape[0], shape[1], hidden])
+
+
+class Attention(tf.Module):
+  """Multi-head dot-product attention without biases, as tensor2tensor's."""
+
+  def __init__(self, init: Initializer, hidden: int, num_heads: int, self_attention: bool,
+               name: str):
+    super().__init__(name=name)
+    self.num_heads = num_heads
+    self.hidden = hidden
+    self.self_attention = self_attention
+    if self_attention:
+      self.qkv = Dense(init, hidden, 3 * hidden, False, "qkv")
+    else:
+      self.q = Dense(init, hidden, hidden, False, "q")
+      self.kv = Dense(init, hidden, 2 * hidden, False, "kv")
+    self.output = Dense(init, hidden, hidden, False, "output")
+
+  def memory_kv(self, memory):
+    """Keys and values of the encoder output, [B, H, S, d] each (computed once per decode)."""
+    k, v = tf.split(self.kv(memory), 2, axis=-1)
+    return split_heads(k, self.num_heads), split_heads(v, self.num_heads)
+
+  def __call__(self, x, bias, rate: float = 0.0, seeds=None, memory=None, cache=None):
+    """x: [B, T, D]; bias: broadcastable to [B, H, T, S] (float32, -1e9 where masked).
+
+    cache (self-attention, incremental decoding): {"k", "v"} of the positions so far; the new
+    keys and values are appended and returned in the new cache. For encoder-decoder
+    attention, cache may hold the precomputed {"k", "v"} of `memory`.
+    """
+    new_cache = None
+    if self.self_attention:
+      q, k, v = (split_heads(t, self.num_heads) for t in tf.split(self.qkv(x), 3, axis=-1))
+      if cache is not None:
+        k = tf.concat([cache["k"], k], axis=2)
+        v = tf.concat([cache["v"], v], axis=2)
+        new_cache = {"k": k, "v": v}
+    else:
+      q = split_heads(self.q(x), self.num_heads)
+      k, v = (cache["k"], cache["v"]) if cache is not None else self.memory_kv(memory)
+    depth = self.hidden // self.num_heads
+    logits = tf.matmul(q * tf.cast(depth ** -0.5, q.dtype), k, transpose_b=True)
+    weights = tf.nn.softmax(tf.cast(logits, tf.float32) + bias)
+    weights = dropout(tf.cast(weights, x.dtype), rate, seeds)
+    return self.output(merge_heads(tf.matmul(weights, v), self.hidden)), new_cache
+
+
+class FeedForward(tf.Module):
+  def __init__(self, init: Initializer, hidden: int, filter_size: int, name: str):
+    super().__init__(name=name)
+    self.inner = Dense(init, hidden, filter_size, True, "inner")
+    self.outer = Dense(init, filter_size, hidden, True, "outer")
+
+  def __call__(self, x, rate: float = 0.0, seeds=None):
+    return self.outer(dropout(tf.nn.relu(self.inner(x)), rate, seeds))

@@ -1,0 +1,204 @@
+"""The Transformer encoder-decoder of tensor2tensor (Vaswani et al., 2017), pre-norm.
+
+Each block: y = x + dropout(sublayer(layer_norm(x))) (tensor2tensor's preprocess "n",
+postprocess "da"), and a final layer norm on each stack. Embeddings are scaled by
+sqrt(hidden) and, with a joint vocabulary, shared by source, target and softmax.
+Target id 0 (padding) doubles as the decoder's start symbol, as in tensor2tensor.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
+                                    SeedStream, dropout, timing_signal)
+from t2t_lite.registry import register_model
+
+NEG_INF = -1e9
+
+
+def cpu_has_fast_bfloat16() -> bool:
+  """True when the CPU multiplies bfloat16 natively (AMX or AVX512-BF16).
+
+  Elsewhere (e.g. AVX2-only CPUs) bfloat16 matmuls run no faster than float32 and the casts
+  make a training step slower, so mixed precision falls back to float32 there.
+  """
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = f.read()
+  except OSError:
+    return False
+  return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def compute_dtype(hparams) -> tf.DType:
+  """Under mixed precision: float16 on GPU, bfloat16 on a CPU that has it; else float32."""
+  if not hparams.mixed_precision:
+    return tf.float32
+  if tf.config.list_logical_devices("GPU"):
+    return tf.float16
+  return tf.bfloat16 if cpu_has_fast_bfloat16() else tf.float32
+
+
+def padding_bias(ids):
+  """[B, S] ids -> [B, 1, 1, S] float32 bias, NEG_INF at padding."""
+  return tf.cast(tf.equal(ids, 0), tf.float32)[:, None, None, :] * NEG_INF
+
+
+def causal_bias(length):
+  """[1, 1, T, T]: position i may attend to positions <= i."""
+  allowed = tf.linalg.band_part(tf.ones([length, length]), -1, 0)
+  return ((1.0 - allowed) * NEG_INF)[None, None]
+
+
+def smoothed_cross_entropy(logits, targets, smoothing: float):
+  """Label-smoothed cross-entropy per token, minus its minimum (tensor2tensor's), float32.
+
+  Uses -sum(q * log p) = (c - l) * nll - l * sum(log p), with c the confidence and l the
+  smoothed mass per other class, so no [B, T, V] one-hot is built.
+  """
+  vocab = tf.cast(tf.shape(logits)[-1], tf.float32)
+  confidence = 1.0 - smoothing
+  low = smoothing / (vocab - 1.0)
+  normalizing = -(confidence * tf.math.log(confidence) +
+                  (vocab - 1.0) * low * tf.math.log(low + 1e-20))
+  log_z = tf.reduce_logsumexp(logits, axis=-1)
+  target_logit = tf.gather(logits, targets[..., None], batch_dims=2)[..., 0]
+  nll = log_z - target_logit
+  if smoothing == 0.0:
+    return nll
+  sum_log_p = tf.reduce_sum(logits, axis=-1) - vocab * log_z
+  return (confidence - low) * nll - low * sum_log_p - normalizing
+
+
+class Block(tf.Module):
+  def __init__(self, init, hparams, decoder: bool, name: str):
+    super().__init__(name=name)
+    hidden, eps = hparams.hidden_size, hparams.norm_epsilon
+    self.self_norm = LayerNorm(hidden, eps, "self_norm")
+    self.self_attention = Attention(init, hidden, hparams.num_heads, True, "self_attention")
+    if decoder:
+      self.cross_norm = LayerNorm(hidden, eps, "cross_norm")
+      self.cross_attention = Attention(init, hidden, hparams.num_heads, False,
+                                       "cross_attention")
+    self.ffn_norm = LayerNorm(hidden, eps, "ffn_norm")
+    self.ffn = FeedForward(init, hidden, hparams.filter_size, "ffn")
+    self.decoder = decoder
+    self.rates = (hparams.layer_prepostprocess_dropout, hparams.attention_dropout,
+                  hparams.relu_dropout)
+
+  def __call__(self, x, self_bias, seeds=None, memory=None, memory_bias=None, cache=None):
+    post, attn, relu = self.rates if seeds is not None else (0.0, 0.0, 0.0)
+    y, new_self = self.self_attention(self.self_norm(x), self_bias, attn, seeds,
+                                      cache=None if cache is None else cache["self"])
+    x = x + dropout(y, post, seeds)
+    if self.decoder:
+      y, _ = self.cross_attention(self.cross_norm(x), memory_bias, attn, seeds, memory=memory,
+                                  cache=None if cache is None else cache["cross"])
+      x = x + dropout(y, post, seeds)
+    x = x + dropout(self.ffn(self.ffn_norm(x), relu, seeds), post, seeds)
+    new_cache = None if cache is None else {"self": new_self, "cross": cache["cross"]}
+    return x, new_cache
+
+
+@register_model(name="transformer")
+class Transformer(tf.Module):
+  """Encoder-decoder Transformer over one joint vocabulary."""
+
+  def __init__(self, hparams, vocab_size: int, seed: int = 1):
+    super().__init__(name="transformer")
+    if hparams.hidden_size % hparams.num_heads:
+      from t2t_lite.errors import UsageError
+      raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
+                       f"num_heads={hparams.num_heads}")
+    init = Initializer(seed)
+    self.hidden = hparams.hidden_size
+    self.vocab_size = vocab_size
+    self.dtype = compute_dtype(hparams)
+    self.rate = hparams.layer_prepostprocess_dropout
+    self.smoothing = hparams.label_smoothing
+    self.shared = hparams.shared_embedding_and_softmax_weights
+    self.embedding = tf.Variable(init.normal([vocab_size, self.hidden], self.hidden ** -0.5),
+                                 name="embedding")
+    if not self.shared:
+      self.target_embedding = tf.Variable(
+          init.normal([vocab_size, self.hidden], self.hidden ** -0.5), name="target_embedding")
+      self.softmax = Dense(init, self.hidden, vocab_size, False, "softmax")
+    self.encoder = [Block(init, hparams, False, f"encoder_{i}")
+                    for i in range(hparams.num_encoder_layers)]
+    self.decoder = [Block(init, hparams, True, f"decoder_{i}")
+                    for i in range(hparams.num_decoder_layers)]
+    self.encoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "encoder_norm")
+    self.decoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "decoder_norm")
+
+  # --- pieces ------------------------------------------------------------------------
+  def _embed(self, ids, table, positions):
+    x = tf.gather(table, ids) * (self.hidden ** 0.5)
+    return tf.cast(x + timing_signal(positions, self.hidden)[None], self.dtype)
+
+  def _logits(self, x):
+    x = self.decoder_norm(x)
+    if self.shared:
+      shape = tf.shape(x)
+      flat = tf.matmul(tf.reshape(x, [-1, self.hidden]), tf.cast(self.embedding, x.dtype),
+                       transpose_b=True)
+      logits = tf.reshape(flat, tf.concat([shape[:-1], [self.vocab_size]], 0))
+    else:
+      logits = self.softmax(x)
+    return tf.cast(logits, tf.float32)
+
+  def _target_table(self):
+    return self.embedding if self.shared else self.target_embedding
+
+  def encode(self, inputs, seeds=None):
+    """inputs [B, S] -> (encoder output [B, S, D], attention bias [B, 1, 1, S])."""
+    bias = padding_bias(inputs)
+    x = self._embed(inputs, self.embedding, tf.range(tf.shape(inputs)[1]))
+    x = dropout(x, self.rate, seeds)
+    for block in self.encoder:
+      x, _ = block(x, bias, seeds)
+    return self.encoder_norm(x), bias
+
+  def decode(self, targets_in, memory, memory_bias, seeds=None):
+    """Teacher-forced decoder: shifted targets [B, T] -> logits [B, T, V] (float32)."""
+    length = tf.shape(targets_in)[1]
+    x = dropout(self._embed(targets_in, self._target_table(), tf.range(length)), self.rate,
+                seeds)
+    bias = causal_bias(length)
+    for block in self.decoder:
+      x, _ = block(x, bias, seeds, memory, memory_bias)
+    return self._logits(x)
+
+  def __call__(self, inputs, targets, seed=None):
+    """Logits [B, T, V] for `targets` given `inputs`; dropout on when `seed` is given."""
+    seeds = None if seed is None else SeedStream(seed)
+    memory, memory_bias = self.encode(inputs, seeds)
+    targets_in = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
+    return self.decode(targets_in, memory, memory_bias, seeds)
+
+  def loss(self, inputs, targets, seed=None):
+    """(summed label-smoothed loss over non-padding tokens, their count), both float32."""
+    logits = self(inputs, targets, seed)
+    weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
+    per_token = smoothed_cross_entropy(logits, targets, self.smoothing)
+    return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
+
+  # --- incremental decoding ----------------------------------------------------------
+  def init_cache(self, memory, batch_size):
+    """Per decoder layer: empty self-attention keys/values and the memory's keys/values."""
+    heads = self.decoder[0].self_attention.num_heads
+    empty = tf.zeros([batch_size, heads, 0, self.hidden // heads], self.dtype)
+    cache = []
+    for block in self.decoder:
+      k, v = block.cross_attention.memory_kv(memory)
+      cache.append({"self": {"k": empty, "v": empty}, "cross": {"k": k, "v": v}})
+    return cache
+
+  def decode_step(self, ids, position, cache, memory_bias):
+    """One decoder step with a key/value cache: ids [B] at `position` -> logits [B, V]."""
+    x = self._embed(ids[:, None], self._target_table(), position[None])
+    new_cache = []
+    for block, layer_cache in zip(self.decoder, cache):
+      x, updated = block(x, tf.zeros([1, 1, 1, 1]), None, None, memory_bias, layer_cache)
+      new_cache.append(updated)
+    return self._logits(x)[:, 0], new_cache

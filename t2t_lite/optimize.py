@@ -1,0 +1,98 @@
+"""Learning-rate schedules counted in updates, and Adam applied once per update.
+
+Adam here is tensor2tensor's (tf.train.AdamOptimizer): bias-corrected step size
+lr * sqrt(1 - b2^t) / (1 - b1^t), epsilon outside the square root, t = updates so far + 1.
+It is written out (rather than taken from Keras) so that every gradient takes the same dense
+path, the step counter is ours, and the update runs in cross-replica context under any
+tf.distribute strategy.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from t2t_lite.errors import UsageError
+
+SCHEDULE_FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_hidden_size")
+
+
+def check_schedule(hparams) -> None:
+  for factor in hparams.learning_rate_schedule.split("*"):
+    if factor.strip() not in SCHEDULE_FACTORS:
+      raise UsageError(f"learning_rate_schedule has unknown factor '{factor.strip()}'; "
+                       f"known factors: {', '.join(SCHEDULE_FACTORS)} (joined by '*')")
+
+
+def learning_rate(hparams, update):
+  """The learning rate of update number `update` (1 = the first update), float32.
+
+  tensor2tensor's product of factors, e.g. constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size
+  = constant * min(1, u / warmup) * max(u, warmup)^-0.5 * hidden^-0.5.
+  """
+  update = tf.cast(update, tf.float32)
+  warmup = float(hparams.learning_rate_warmup_steps)
+  rate = tf.constant(1.0)
+  for factor in hparams.learning_rate_schedule.split("*"):
+    factor = factor.strip()
+    if factor == "constant":
+      rate *= hparams.learning_rate_constant
+    elif factor == "linear_warmup":
+      rate *= tf.minimum(1.0, update / max(warmup, 1.0))
+    elif factor == "rsqrt_decay":
+      rate *= tf.math.rsqrt(tf.maximum(update, max(warmup, 1.0)))
+    elif factor == "rsqrt_hidden_size":
+      rate *= float(hparams.hidden_size) ** -0.5
+    else:
+      raise UsageError(f"learning_rate_schedule has unknown factor '{factor}'")
+  return rate
+
+
+class Adam(tf.Module):
+  """Adam with one slot pair per variable and an update counter (`iterations`)."""
+
+  def __init__(self, variables, beta1: float, beta2: float, epsilon: float):
+    super().__init__(name="adam")
+    self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+    self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+    self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
+    self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
+
+  def apply(self, grads, variables, lr):
+    step = tf.cast(self.iterations + 1, tf.float32)
+    alpha = lr * tf.sqrt(1.0 - tf.pow(self.beta2, step)) / (1.0 - tf.pow(self.beta1, step))
+    for grad, var, m, v in zip(grads, variables, self.m, self.v):
+      m_new = m.assign(self.beta1 * m + (1.0 - self.beta1) * grad)
+      v_new = v.assign(self.beta2 * v + (1.0 - self.beta2) * tf.square(grad))
+      var.assign_sub(alpha * m_new / (tf.sqrt(v_new) + self.epsilon))
+    self.iterations.assign_add(1)
+
+
+class GradientAccumulator(tf.Module):
+  """Per-replica sums of the micro-steps' gradients, summed losses and token counts.
+
+  ON_READ/SUM variables: each replica adds to its own copy with no communication; a read in
+  cross-replica context (at the update) sums the copies.
+  """
+
+  def __init__(self, variables):
+    super().__init__(name="accumulator")
+    local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                 aggregation=tf.VariableAggregation.SUM)
+    self.gradients = [tf.Variable(tf.zeros_like(v), name="gradient", **local) for v in variables]
+    self.loss = tf.Variable(0.0, name="loss", **local)
+    self.tokens = tf.Variable(0.0, name="tokens", **local)
+
+  def add(self, grads, loss, tokens) -> None:
+    for acc, grad in zip(self.gradients, grads):
+      acc.assign_add(grad)
+    self.loss.assign_add(loss)
+    self.tokens.assign_add(tokens)
+
+  def reset(self) -> None:
+    for acc in self.gradients:
+      acc.assign(tf.zeros_like(acc))
+    self.loss.assign(0.0)
+    self.tokens.assign(0.0)
+
+  def nbytes(self) -> int:
+    return sum(v.shape.num_elements() * v.dtype.size for v in self.gradients)

@@ -1,0 +1,81 @@
+"""The run directory's record of what it trains: `output_dir/hparams.json`.
+
+Precedence, as tensor2tensor's: the registered set, then the values recorded in
+`output_dir/hparams.json` (on resume), then `--hparams`. Resuming with another set or with
+overrides that change a recorded value is refused unless the user says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from t2t_lite import registry
+from t2t_lite.errors import UsageError
+from t2t_lite.hparams import HParams
+
+META_FILE = "hparams.json"
+
+
+def read_meta(output_dir: str) -> dict | None:
+  path = os.path.join(output_dir, META_FILE)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as err:
+    raise UsageError(f"{path} is not valid JSON ({err}); restore it or use a new "
+                     "--output_dir") from None
+
+
+def write_meta(output_dir: str, meta: dict) -> None:
+  path = os.path.join(output_dir, META_FILE)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(meta, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def resolve(hparams_set: str, overrides: str, output_dir: str | None,
+            allow_change: bool = False) -> tuple[HParams, dict | None]:
+  """The run's hparams and the previous run's record (None for a new run)."""
+  hparams = registry.hparams(hparams_set)
+  previous = read_meta(output_dir) if output_dir else None
+  if previous is not None:
+    old_set = previous.get("hparams_set")
+    if old_set != registry.hparams_sets.canonical(hparams_set) and not allow_change:
+      raise UsageError(f"{output_dir} was trained with --hparams_set={old_set}, not "
+                       f"{hparams_set}; use another --output_dir, or pass "
+                       "--allow_hparams_change to continue with the new set")
+    if old_set == registry.hparams_sets.canonical(hparams_set):
+      hparams.override_from_dict(previous.get("hparams", {}))
+  recorded = hparams.values()
+  applied = hparams.parse(overrides)
+  if previous is not None and not allow_change:
+    changed = {k: (recorded[k], v) for k, v in applied.items() if recorded[k] != v}
+    if changed:
+      detail = ", ".join(f"{k}={new!r} (recorded {old!r})" for k, (old, new) in changed.items())
+      raise UsageError(f"{output_dir} was trained with other values: {detail}; use another "
+                       "--output_dir, or pass --allow_hparams_change to accept the change")
+  return hparams, previous
+
+
+def model_from_run(output_dir: str, data_dir: str | None = None):
+  """(hparams, meta) recorded in a run directory, for decoding and averaging."""
+  meta = read_meta(output_dir)
+  if meta is None:
+    raise UsageError(f"{output_dir} holds no {META_FILE}; pass the training --output_dir "
+                     "(or give --hparams_set and --problem)")
+  return HParams(**meta["hparams"]), meta
+
+
+def parameter_count(hparams, vocab_size: int) -> int:
+  """Trainable parameters of the Transformer (checked against the built model in tests)."""
+  h, f = hparams.hidden_size, hparams.filter_size
+  ffn = h * f + f + f * h + h
+  encoder = 4 * h * h + ffn + 2 * 2 * h
+  decoder = 8 * h * h + ffn + 3 * 2 * h
+  embeddings = vocab_size * h if hparams.shared_embedding_and_softmax_weights else 3 * vocab_size * h
+  return (embeddings + hparams.num_encoder_layers * encoder +
+          hparams.num_decoder_layers * decoder + 2 * 2 * h)

@@ -1,0 +1,275 @@
+"""The training loop: data, micro-steps and updates, checkpoints, summaries, evaluation.
+
+Checkpoints (`output_dir/ckpt-<micro_step>`) hold the model, Adam's slots and step, the
+accumulators and token counter, the micro-step counter and the training data iterator, so a
+run stopped anywhere, mid-accumulation included, resumes to the same parameters as a run
+never stopped. Checkpoints are written every `save_checkpoints_steps` updates and at exit
+(end, time budget, Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import tensorflow as tf
+from absl import logging
+
+from t2t_lite import data as data_lib
+from t2t_lite.errors import RunError
+from t2t_lite.learner import Learner
+from t2t_lite.steps import BatchPlan
+
+
+@dataclass
+class RunOptions:
+  output_dir: str
+  data_dir: str
+  seed: int = 1
+  keep_checkpoint_max: int = 20
+  save_checkpoints_steps: int = 1000    # updates
+  local_eval_frequency: int = 1000      # updates; 0 = no evaluation during training
+  eval_steps: int = 100                 # dev batches for the dev loss; 0 = the whole dev set
+  log_every: int = 100                  # updates
+  train_minutes: float = 0.0            # wall-clock budget; 0 = none
+  eval_bleu_sentences: int = 500        # dev sentences decoded for BLEU; 0 = no BLEU
+  eval_beam_size: int = 1
+  nan_micro_steps: tuple = ()           # fault injection (tests)
+  stop_after_micro_steps: int = 0       # stop (and save) after this micro-step (tests)
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class Trainer:
+  """Trains one problem's model in `output_dir`, resuming from it when it holds checkpoints."""
+
+  def __init__(self, hparams, problem, plan: BatchPlan, options: RunOptions,
+               strategy: tf.distribute.Strategy | None = None, is_chief: bool = True):
+    self.hparams, self.problem, self.plan, self.options = hparams, problem, plan, options
+    self.strategy = strategy or tf.distribute.get_strategy()
+    self.is_chief = is_chief
+    self.vocab = problem.get_vocab(options.data_dir)
+    self.learner = Learner(hparams, self.vocab.size, plan.accumulate_steps, options.seed,
+                           self.strategy, options.nan_micro_steps)
+    train_files = problem.data_files(options.data_dir, "train")
+    self.dev_files = problem.data_files(options.data_dir, "dev")
+    self.train_data = self._make_train_data(train_files)
+    self.iterator = iter(self.train_data)
+    self.checkpoint = tf.train.Checkpoint(iterator=self.iterator, **self.learner.trackables())
+    directory = options.output_dir if is_chief else os.path.join(
+        options.output_dir, "tmp_worker", str(id(self)))
+    self.manager = tf.train.CheckpointManager(self.checkpoint, directory,
+                                              max_to_keep=options.keep_checkpoint_max)
+    self.best_bleu = self._read_best()
+    self._stop_signal = None
+    writer_dir = lambda name: (os.path.join(options.output_dir, name) if is_chief  # noqa: E731
+                               else os.path.join(options.output_dir, "tmp_worker", name))
+    self.train_writer = tf.summary.create_file_writer(writer_dir("train"))
+    self.eval_writer = tf.summary.create_file_writer(writer_dir("eval"))
+
+  def _make_train_data(self, files):
+    hparams, seed = self.hparams, self.options.seed
+    if self.strategy.num_replicas_in_sync == 1 and not tf.distribute.has_strategy():
+      return data_lib.train_dataset(files, hparams, seed)
+
+    def per_replica(context: tf.distribute.InputContext):
+      # Every replica gets its own batches of batch_size tokens (batch_size is per replica).
+      return data_lib.train_dataset(
+          files, hparams, seed + context.input_pipeline_id,
+          shard=(context.input_pipeline_id, context.num_input_pipelines))
+
+    return self.strategy.distribute_datasets_from_function(per_replica)
+
+  # --- checkpoints -------------------------------------------------------------------
+  def restore(self) -> bool:
+    """Restores the newest readable checkpoint; falls back to older ones if it is damaged."""
+    candidates = list(reversed(self.manager.checkpoints))
+    for index, path in enumerate(candidates):
+      try:
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+      except (tf.errors.OpError, ValueError, AssertionError) as err:
+        reason = str(err).strip().splitlines()[0][:200]
+        fallback = candidates[index + 1] if index + 1 < len(candidates) else None
+        logging.warning("checkpoint %s is unreadable (%s); %s", path, reason,
+                        f"falling back to {fallback}" if fallback else "no older one left")
+        continue
+      self.learner.forget_host_counters()
+      logging.info("resumed from %s: update %d, micro-step %d", path,
+                   int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
+      return True
+    if candidates:
+      raise RunError(f"no readable checkpoint in {self.options.output_dir}: all of "
+                     f"{len(candidates)} are damaged; move them away to start afresh")
+    return False
+
+  def save(self) -> str:
+    micro_step = int(self.learner.micro_step.numpy())
+    if self.manager.latest_checkpoint and self.manager.latest_checkpoint.endswith(
+        f"-{micro_step}"):
+      return self.manager.latest_checkpoint
+    path = self.manager.save(checkpoint_number=micro_step)
+    logging.info("saved %s (update %d, micro-step %d)", path,
+                 int(self.learner.update_step.numpy()), micro_step)
+    return path
+
+  # --- evaluation --------------------------------------------------------------------
+  def dev_loss(self) -> float:
+    dataset = data_lib.eval_dataset(self.dev_files, self.hparams)
+    if self.options.eval_steps > 0:
+      dataset = dataset.take(self.options.eval_steps)
+    loss = tokens = 0.0
+    for batch in dataset:
+      batch_loss, batch_tokens = self.learner.eval_fn(batch)
+      loss += float(batch_loss)
+      tokens += float(batch_tokens)
+    return loss / max(tokens, 1.0)
+
+  def _read_best(self) -> float:
+    path = os.path.join(self.options.output_dir, "best", "bleu.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        return float(json.load(f)["bleu"])
+    return -1.0
+
+  def dev_bleu(self) -> float:
+    from t2t_lite import decode
+    sentences = self.options.eval_bleu_sentences
+    pairs = list(data_lib.text_examples(self.dev_files).take(sentences).as_numpy_iterator())
+    decoder = decode.Decoder(self.learner.model, self.hparams.max_length)
+    hyps = decoder.translate_ids([ids for ids, _ in pairs], beam_size=self.options.eval_beam_size,
+                                 alpha=0.6, batch_size=64)
+    return decode.bleu([self.vocab.decode(h) for h in hyps],
+                       [ref.decode("utf-8") for _, ref in pairs]).score
+
+  def evaluate(self, update: int) -> dict:
+    start = time.time()
+    results = {"dev_loss": self.dev_loss()}
+    if self.options.eval_bleu_sentences > 0:
+      results["dev_bleu"] = self.dev_bleu()
+    if self.is_chief:
+      with self.eval_writer.as_default(step=update):
+        for name, value in results.items():
+          tf.summary.scalar(name, value)
+      if results.get("dev_bleu", -1.0) > self.best_bleu:
+        self.best_bleu = results["dev_bleu"]
+        self._save_best(update)
+    logging.info("eval at update %d: %s (%.1fs)", update,
+                 ", ".join(f"{k} {v:.4f}" for k, v in results.items()), time.time() - start)
+    return results
+
+  def _save_best(self, update: int) -> None:
+    best_dir = os.path.join(self.options.output_dir, "best")
+    os.makedirs(best_dir, exist_ok=True)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=self.learner.model),
+                                         best_dir, max_to_keep=1)
+    path = manager.save(checkpoint_number=update)
+    tmp = os.path.join(best_dir, "bleu.json.tmp")
+    with open(tmp, "w") as f:
+      json.dump({"bleu": self.best_bleu, "update": update, "checkpoint": path}, f)
+    os.replace(tmp, os.path.join(best_dir, "bleu.json"))
+
+  # --- the loop ----------------------------------------------------------------------
+  def _on_signal(self, signum, frame):
+    if self._stop_signal is not None:  # a second Ctrl-C stops at once
+      raise KeyboardInterrupt
+    self._stop_signal = signum
+    logging.warning("received signal %d: finishing this micro-step and saving", signum)
+
+  def train(self) -> dict:
+    """Runs updates until --train_steps, the time budget, or a signal; returns a summary."""
+    plan, options, learner = self.plan, self.options, self.learner
+    self.restore()
+    for line in plan.lines():
+      logging.info("%s", line)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+      signal.signal(s, self._on_signal)
+    try:
+      return self._loop()
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+
+  def _loop(self) -> dict:
+    plan, options, learner = self.plan, self.options, self.learner
+    update = int(learner.update_step.numpy())
+    micro_step = int(learner.micro_step.numpy())
+    start = window_start = time.time()
+    deadline = start + options.train_minutes * 60 if options.train_minutes > 0 else None
+    window_tokens = window_updates = consecutive_nonfinite = 0
+    window_loss = 0.0
+    stop_reason = "train_steps reached"
+    while update < plan.train_steps:
+      if self._stop_signal is not None:
+        stop_reason = f"signal {self._stop_signal}"
+        break
+      if options.stop_after_micro_steps and micro_step >= options.stop_after_micro_steps:
+        stop_reason = "stop_after_micro_steps"
+        break
+      stats = learner.step(next(self.iterator))
+      micro_step += 1
+      if stats is None:
+        continue
+      if not bool(stats["finite"]):
+        consecutive_nonfinite += 1
+        logging.warning("non-finite loss or gradient at update %d (micro-step %d): update "
+                        "skipped, accumulators reset (%d in a row, %d skipped in all)",
+                        update + 1, micro_step, consecutive_nonfinite,
+                        int(learner.skipped_updates.numpy()))
+        if consecutive_nonfinite >= self.hparams.max_consecutive_nonfinite:
+          raise RunError(
+              f"{consecutive_nonfinite} updates in a row had a non-finite loss or gradient "
+              f"(max_consecutive_nonfinite={self.hparams.max_consecutive_nonfinite}); stopped "
+              f"at update {update}. The last good checkpoint is kept in {options.output_dir}; "
+              "lower learning_rate_constant or set clip_grad_norm, then resume")
+        continue
+      consecutive_nonfinite = 0
+      update += 1
+      window_updates += 1
+      window_tokens += float(stats["tokens"])
+      window_loss += float(stats["loss"])
+      now = time.time()
+      last = update >= plan.train_steps or (deadline is not None and now >= deadline)
+      if update % options.log_every == 0 or last:
+        elapsed = now - window_start
+        rate = window_updates / max(elapsed, 1e-9)
+        remaining = (plan.train_steps - update) / max(rate, 1e-9)
+        if deadline is not None:
+          remaining = min(remaining, deadline - now)
+        tokens_per_second = window_tokens / max(elapsed, 1e-9)
+        loss = window_loss / window_updates
+        logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
+                     "%.0f tokens/update, ETA %s", update, plan.train_steps, micro_step, loss,
+                     float(stats["learning_rate"]), tokens_per_second,
+                     window_tokens / window_updates, format_duration(remaining))
+        if self.is_chief:
+          with self.train_writer.as_default(step=update):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("learning_rate", stats["learning_rate"])
+            tf.summary.scalar("grad_norm", stats["grad_norm"])
+            tf.summary.scalar("tokens_per_second", tokens_per_second)
+            tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
+        window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
+      if update % options.save_checkpoints_steps == 0:
+        self.save()
+      if options.local_eval_frequency and update % options.local_eval_frequency == 0:
+        self.evaluate(update)
+      if deadline is not None and time.time() >= deadline and update < plan.train_steps:
+        stop_reason = f"time budget of {options.train_minutes:g} minutes reached"
+        break
+    path = self.save()
+    self.train_writer.flush()
+    self.eval_writer.flush()
+    summary = {"updates": update, "micro_steps": micro_step, "stop_reason": stop_reason,
+               "checkpoint": path, "train_seconds": round(time.time() - start, 1),
+               "skipped_updates": int(learner.skipped_updates.numpy())}
+    logging.info("stopped: %s; update %d, micro-step %d, %s", stop_reason, update, micro_step,
+                 path)
+    return summary
