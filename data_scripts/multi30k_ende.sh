@@ -17,11 +17,11 @@ t2t-lite-datagen --problem=translate_ende_multi30k --data_dir="$data_dir" --tmp_
 echo "== 3/5 train: transformer_multi30k_cpu for $minutes minutes -> $run_dir"
 t2t-lite-trainer --problem=translate_ende_multi30k --hparams_set=transformer_multi30k_cpu \
   --data_dir="$data_dir" --output_dir="$run_dir" --train_minutes="$minutes" \
-  --train_steps=100000 --save_checkpoints_steps=50 --keep_checkpoint_max=8 --log_every=25 \
+  --train_steps=100000 --save_checkpoints_steps=30 --keep_checkpoint_max=6 --log_every=25 \
   --local_eval_frequency=200 --eval_steps=0 --eval_bleu_sentences=200 ${TRAIN_FLAGS:-}
 
-echo "== 4/5 average the last 8 checkpoints -> $run_dir/avg"
-t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=8 --avg_dir="$run_dir/avg"
+echo "== 4/5 average the last 6 checkpoints -> $run_dir/avg"
+t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=6 --avg_dir="$run_dir/avg"
 
 echo "== 5/5 decode test_2016_flickr with beam 4, alpha 0.6, and score it"
 gunzip -c "$raw_dir/test_2016_flickr.en.gz" > "$run_dir/test_2016_flickr.en"
