@@ -35,21 +35,20 @@ def _reorder(cache, origin, batch, beam):
           for layer in cache]
 
 
-def greedy_search(model, inputs, decode_length, use_cache: bool = True,
-                  return_logits: bool = False):
-  """Argmax decoding. Returns ids [B, T] (and logits [B, T, V] when asked)."""
+def greedy_search(model, inputs, decode_length, return_logits: bool = False):
+  """Argmax decoding. Returns ids [B, T] (and logits [B, T, V] when asked).
+
+  `model` is a Transformer (cached decoding) or Uncached(transformer).
+  """
   memory, bias = model.encode(inputs)
   batch = tf.shape(inputs)[0]
   ids = tf.zeros([batch, 0], tf.int32)
   logits_all = tf.zeros([batch, 0, model.vocab_size])
   finished = tf.zeros([batch], tf.bool)
-  cache = model.init_cache(memory, batch) if use_cache else []
+  cache = model.init_cache(memory, batch)
 
   def body(i, previous, ids, finished, cache, logits_all):
-    if use_cache:
-      logits, cache = model.decode_step(previous, i, cache, bias)
-    else:
-      logits = model.decode(tf.pad(ids, [[0, 0], [1, 0]]), memory, bias)[:, -1]
+    logits, cache = model.decode_step(previous, i, cache, bias)
     token = tf.where(finished, 0, tf.argmax(logits, axis=-1, output_type=tf.int32))
     ids = tf.concat([ids, token[:, None]], axis=1)
     if return_logits:
@@ -127,6 +126,26 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
   return tf.where(any_finished[:, None], finished_seq[:, 0], alive_seq[:, 0])
 
 
+class Uncached:
+  """The model's decoding interface without a key/value cache: every step reruns the decoder
+  over the whole prefix (for measuring what the cache saves, and for testing it)."""
+
+  def __init__(self, model):
+    self.model = model
+    self.vocab_size = model.vocab_size
+
+  def encode(self, inputs):
+    return self.model.encode(inputs)
+
+  def init_cache(self, memory, batch_size):
+    return [{"self": {"ids": tf.zeros([batch_size, 0], tf.int32)}, "cross": {"memory": memory}}]
+
+  def decode_step(self, ids, position, cache, memory_bias):
+    prefix = tf.concat([cache[0]["self"]["ids"], ids[:, None]], axis=1)
+    logits = self.model.decode(prefix, cache[0]["cross"]["memory"], memory_bias)[:, -1]
+    return logits, [{"self": {"ids": prefix}, "cross": cache[0]["cross"]}]
+
+
 class Decoder:
   """Batched translation of id sequences with a compiled search."""
 
@@ -139,10 +158,12 @@ class Decoder:
   def _search(self, beam_size: int, alpha: float, use_cache: bool):
     key = (beam_size, alpha, use_cache)
     if key not in self._compiled:
+      model = self.model if use_cache else Uncached(self.model)
+
       def search(inputs, decode_length):
         if beam_size <= 1:
-          return greedy_search(self.model, inputs, decode_length, use_cache)
-        return beam_search(self.model, inputs, decode_length, beam_size, alpha)
+          return greedy_search(model, inputs, decode_length)
+        return beam_search(model, inputs, decode_length, beam_size, alpha)
       self._compiled[key] = tf.function(search, input_signature=[
           tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)])
     return self._compiled[key]

@@ -1,7 +1,7 @@
 """The training loop: data, micro-steps and updates, checkpoints, summaries, evaluation.
 
 Checkpoints (`output_dir/ckpt-<micro_step>`) hold the model, Adam's slots and step, the
-accumulators and token counter, the micro-step counter and the training data iterator, so a
+accumulators and token counter, the micro-step counter and the training data iterators, so a
 run stopped anywhere, mid-accumulation included, resumes to the same parameters as a run
 never stopped. Checkpoints are written every `save_checkpoints_steps` updates and at exit
 (end, time budget, Ctrl-C or SIGTERM).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ from t2t_lite import data as data_lib
 from t2t_lite.errors import RunError
 from t2t_lite.learner import Learner
 from t2t_lite.steps import BatchPlan
+
+# Fault injection for the reliability tests: "micro:K" (SIGKILL after micro-step K of this
+# process) or "save:K" (SIGKILL inside this process's K-th checkpoint save).
+_FAULT = os.environ.get("T2T_LITE_FAULT", "")
 
 
 @dataclass
@@ -60,37 +65,50 @@ class Trainer:
                            self.strategy, options.nan_micro_steps)
     train_files = problem.data_files(options.data_dir, "train")
     self.dev_files = problem.data_files(options.data_dir, "dev")
-    self.train_data = self._make_train_data(train_files)
-    self.iterator = iter(self.train_data)
-    self.checkpoint = tf.train.Checkpoint(iterator=self.iterator, **self.learner.trackables())
-    directory = options.output_dir if is_chief else os.path.join(
-        options.output_dir, "tmp_worker", str(id(self)))
-    self.manager = tf.train.CheckpointManager(self.checkpoint, directory,
+    self.iterators = self._make_iterators(train_files)
+    self.checkpoint = tf.train.Checkpoint(**self.iterators, **self.learner.trackables())
+    self._worker_dir = None if is_chief else os.path.join(
+        options.output_dir, f"tmp_worker_{os.getpid()}")
+    self.manager = tf.train.CheckpointManager(self.checkpoint,
+                                              self._worker_dir or options.output_dir,
                                               max_to_keep=options.keep_checkpoint_max)
     self.best_bleu = self._read_best()
     self._stop_signal = None
-    writer_dir = lambda name: (os.path.join(options.output_dir, name) if is_chief  # noqa: E731
-                               else os.path.join(options.output_dir, "tmp_worker", name))
-    self.train_writer = tf.summary.create_file_writer(writer_dir("train"))
-    self.eval_writer = tf.summary.create_file_writer(writer_dir("eval"))
+    self._saves = 0
+    if is_chief:
+      self.train_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "train"))
+      self.eval_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "eval"))
+    else:
+      self.train_writer = self.eval_writer = tf.summary.create_noop_writer()
 
-  def _make_train_data(self, files):
-    hparams, seed = self.hparams, self.options.seed
-    if self.strategy.num_replicas_in_sync == 1 and not tf.distribute.has_strategy():
-      return data_lib.train_dataset(files, hparams, seed)
+  def _make_iterators(self, files) -> dict:
+    """One training-data iterator per local replica, named by its global replica id.
 
-    def per_replica(context: tf.distribute.InputContext):
-      # Every replica gets its own batches of batch_size tokens (batch_size is per replica).
-      return data_lib.train_dataset(
-          files, hparams, seed + context.input_pipeline_id,
-          shard=(context.input_pipeline_id, context.num_input_pipelines))
+    Replica r reads shard r of the examples with seed + r, whatever the process layout, so
+    2 replicas in one process and 2 worker processes see the same batches.
+    """
+    ids = self.strategy.experimental_distribute_values_from_function(
+        lambda context: context.replica_id_in_sync_group)
+    self.replica_ids = [int(i) for i in self.strategy.experimental_local_results(ids)]
+    replicas = self.strategy.num_replicas_in_sync
+    return {f"iterator_{r}": iter(data_lib.train_dataset(
+        files, self.hparams, self.options.seed + r, shard=(r, replicas)))
+            for r in self.replica_ids}
 
-    return self.strategy.distribute_datasets_from_function(per_replica)
+  def next_batch(self):
+    """The next micro-batch of every local replica, as the strategy's per-replica value."""
+    batches = {r: next(self.iterators[f"iterator_{r}"]) for r in self.replica_ids}
+    if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
+      return batches[self.replica_ids[0]]
+    return self.strategy.experimental_distribute_values_from_function(
+        lambda context: batches[context.replica_id_in_sync_group])
 
   # --- checkpoints -------------------------------------------------------------------
   def restore(self) -> bool:
     """Restores the newest readable checkpoint; falls back to older ones if it is damaged."""
-    candidates = list(reversed(self.manager.checkpoints))
+    # Every worker restores from output_dir (non-chief workers save elsewhere and discard).
+    state = tf.train.get_checkpoint_state(self.options.output_dir)
+    candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
     for index, path in enumerate(candidates):
       try:
         self.checkpoint.restore(path).assert_existing_objects_matched()
@@ -114,7 +132,16 @@ class Trainer:
     if self.manager.latest_checkpoint and self.manager.latest_checkpoint.endswith(
         f"-{micro_step}"):
       return self.manager.latest_checkpoint
+    if _FAULT == f"save:{self._saves + 1}":
+      # Fault injection (tests): die after the files are written, before the checkpoint
+      # state names them, the worst moment of a save.
+      self.checkpoint.write(os.path.join(self.manager.directory, f"ckpt-{micro_step}"))
+      os.kill(os.getpid(), signal.SIGKILL)
+    self._saves += 1
     path = self.manager.save(checkpoint_number=micro_step)
+    if self._worker_dir:  # non-chief workers take part in the save, then discard it
+      shutil.rmtree(self._worker_dir, ignore_errors=True)
+      return ""
     logging.info("saved %s (update %d, micro-step %d)", path,
                  int(self.learner.update_step.numpy()), micro_step)
     return path
@@ -149,6 +176,8 @@ class Trainer:
                        [ref.decode("utf-8") for _, ref in pairs]).score
 
   def evaluate(self, update: int) -> dict:
+    if not self.is_chief:
+      return {}
     start = time.time()
     results = {"dev_loss": self.dev_loss()}
     if self.options.eval_bleu_sentences > 0:
@@ -213,8 +242,10 @@ class Trainer:
       if options.stop_after_micro_steps and micro_step >= options.stop_after_micro_steps:
         stop_reason = "stop_after_micro_steps"
         break
-      stats = learner.step(next(self.iterator))
+      stats = learner.step(self.next_batch())
       micro_step += 1
+      if _FAULT == f"micro:{micro_step}":  # fault injection (tests): die mid-accumulation
+        os.kill(os.getpid(), signal.SIGKILL)
       if stats is None:
         continue
       if not bool(stats["finite"]):

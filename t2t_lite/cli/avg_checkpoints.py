@@ -36,7 +36,7 @@ def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str
     variable.assign((total / len(paths)).astype("float32"))
   os.makedirs(avg_dir, exist_ok=True)
   manager = tf.train.CheckpointManager(checkpoint, avg_dir, max_to_keep=1)
-  saved = manager.save()
+  saved = manager.save(checkpoint_number=int(paths[-1].rsplit("-", 1)[1]))
   shutil.copyfile(os.path.join(output_dir, rundir.META_FILE),
                   os.path.join(avg_dir, rundir.META_FILE))
   return saved, paths

@@ -83,11 +83,10 @@ def require(flag_value, name: str, example: str) -> None:
 
 
 def check_writable_dir(path: str, flag: str) -> None:
-  """Creates `path` if needed; a usage error when it cannot be written."""
-  probe = path
-  while probe and not os.path.exists(probe):
+  """A usage error unless `path` is, or can be created as, a writable directory."""
+  probe = os.path.abspath(path)
+  while not os.path.exists(probe):
     probe = os.path.dirname(probe)
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise UsageError(f"--{flag}={path} is a file, not a directory")
-  if not os.access(probe or ".", os.W_OK):
-    raise UsageError(f"--{flag}={path} is not writable; choose a directory you can write to")
+  if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+    raise UsageError(f"--{flag}={path} is not writable ({probe} is not a writable directory); "
+                     "choose a directory you can write to")

@@ -8,6 +8,7 @@ import sys
 from absl import flags
 
 from t2t_lite.cli import common
+from t2t_lite.errors import UsageError
 
 flags.DEFINE_string("problem", "translate_ende_multi30k", "Registered problem.")
 flags.DEFINE_string("model", "transformer", "Registered model.")
@@ -48,6 +49,10 @@ def _format_bytes(count: int) -> str:
 def main() -> None:
   from t2t_lite import registry, rundir, steps
 
+  try:
+    nan_micro_steps = tuple(int(s) for s in FLAGS.debug_nan_micro_steps)
+  except ValueError:
+    raise UsageError("--debug_nan_micro_steps takes micro-step numbers, e.g. 3,4") from None
   if FLAGS.registry_help:
     print(registry.help_string())
     return
@@ -109,7 +114,7 @@ def main() -> None:
       local_eval_frequency=FLAGS.local_eval_frequency, eval_steps=FLAGS.eval_steps,
       log_every=FLAGS.log_every, train_minutes=FLAGS.train_minutes,
       eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size,
-      nan_micro_steps=tuple(int(s) for s in FLAGS.debug_nan_micro_steps))
+      nan_micro_steps=nan_micro_steps)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief)
   result = trainer.train()
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "

@@ -180,13 +180,18 @@ class TranslateProblem(abc.ABC):
         old = json.load(f)
     except (OSError, ValueError):
       return False
-    if old.get("inputs") != inputs or old.get("settings") != self._settings():
+    if (old.get("inputs") != inputs or old.get("settings") != self._settings()
+        or old.get("problem") != self.name):
       return False
     vocab_path = self.vocab_file(data_dir)
     if not os.path.isfile(vocab_path) or file_sha256(vocab_path) != old["vocab"]["sha256"]:
       return False
-    return all(os.path.isfile(os.path.join(data_dir, name))
-               for split in old["splits"].values() for name in split["files"])
+    for split in old["splits"].values():
+      for name, size in zip(split["files"], split["bytes"]):
+        path = os.path.join(data_dir, name)
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+          return False
+    return True
 
   def generate_data(self, data_dir: str, tmp_dir: str) -> dict:
     """Runs datagen unless its outputs are already complete for the same inputs.
@@ -220,7 +225,8 @@ class TranslateProblem(abc.ABC):
       files = self.shard_files(data_dir, split, shards)
       self._write_records(vocab, data.pairs, files, keep_text=split != "train")
       splits[split] = {"read": data.read, "kept": len(data.pairs), "dropped": data.dropped,
-                       "source": data.source, "files": [os.path.basename(p) for p in files]}
+                       "source": data.source, "files": [os.path.basename(p) for p in files],
+                       "bytes": [os.path.getsize(p) for p in files]}
     manifest = {"problem": self.name, "inputs": inputs, "settings": self._settings(),
                 "vocab": {"file": os.path.basename(self.vocab_file(data_dir)),
                           "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},

@@ -1,0 +1,363 @@
+"""`make bench`: memory, speed and exactness figures, each configuration in its own process.
+
+python -m t2t_lite.bench --out_dir=bench_out [--quick]
+
+Writes bench_out/bench.json and bench_out/bench.md (the table the README shows). Figures
+are ratios within one run where possible; absolute times vary between machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- workers (each runs in a fresh process) -----------------------------------------------
+
+def _tf():
+  from t2t_lite.cli.common import import_tensorflow
+  return import_tensorflow()
+
+
+def _peak_rss_mib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def synthetic_batch(rows: int, length: int, vocab: int, seed: int = 0):
+  import numpy as np
+  tf = _tf()
+  rng = np.random.RandomState(seed)
+  return {name: tf.constant(rng.randint(3, vocab, size=(rows, length)).astype(np.int32))
+          for name in ("inputs", "targets")}
+
+
+def matmul_flops_per_batch(hparams, vocab: int, rows: int, src: int, tgt: int) -> float:
+  """Matmul FLOPs of forward + backward (2x forward) for one batch."""
+  h, f = hparams.hidden_size, hparams.filter_size
+  enc = rows * src * (2 * (4 * h * h + 2 * h * f)) + rows * 4 * src * src * h
+  dec = (rows * tgt * 2 * (6 * h * h + 2 * h * f) + rows * src * 2 * 2 * h * h
+         + rows * (4 * tgt * tgt * h + 4 * tgt * src * h))
+  logits = 2 * rows * tgt * h * vocab
+  forward = hparams.num_encoder_layers * enc + hparams.num_decoder_layers * dec + logits
+  return 3.0 * forward
+
+
+def matmul_rate(dtype_name: str, size: int = 2048, repeats: int = 6) -> float:
+  tf = _tf()
+  dtype = getattr(tf, dtype_name)
+  a = tf.cast(tf.random.normal([size, size]), dtype)
+  b = tf.cast(tf.random.normal([size, size]), dtype)
+  matmul = tf.function(lambda x, y: tf.matmul(x, y))
+  matmul(a, b).numpy()
+  start = time.perf_counter()
+  for _ in range(repeats):
+    out = matmul(a, b)
+  out.numpy()
+  return 2.0 * size ** 3 * repeats / (time.perf_counter() - start)
+
+
+def worker_train(spec: dict) -> dict:
+  """Peak memory and steady-state tokens/s of `micro_steps` micro-steps at n = spec['n']."""
+  tf = _tf()
+  from t2t_lite import registry
+  from t2t_lite.learner import Learner
+  from t2t_lite.models.transformer import compute_dtype
+  hparams = registry.hparams(spec["hparams_set"])
+  hparams.parse(spec.get("hparams", ""))
+  n, vocab = spec["n"], spec.get("vocab", 8000)
+  rows, length = spec["rows"], spec["length"]
+  learner = Learner(hparams, vocab, n, seed=1)
+  batches = [synthetic_batch(rows, length, vocab, seed=i) for i in range(4)]
+  warmup = spec.get("warmup_micro_steps", n)
+  for i in range(warmup):
+    learner.step(batches[i % 4])
+  float(learner.micro_step.numpy())
+  measured = spec.get("micro_steps", n)
+  start = time.perf_counter()
+  for i in range(measured):
+    stats = learner.step(batches[i % 4])
+  if stats is not None:
+    float(stats["loss"])
+  learner.update_step.numpy()
+  seconds = time.perf_counter() - start
+  tokens = rows * length * measured
+  flops = matmul_flops_per_batch(hparams, vocab, rows, length, length) * measured
+  result = {"tokens_per_second": tokens / seconds, "model_flops_per_second": flops / seconds,
+            "peak_rss_mib": _peak_rss_mib(), "compute_dtype": compute_dtype(hparams).name,
+            **{f"{k}_mib": v / 2 ** 20 for k, v in learner.state_bytes().items()}}
+  if tf.config.list_logical_devices("GPU"):
+    result["peak_gpu_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2 ** 20
+  if spec.get("with_matmul_rate"):
+    result["matmul_float32_flops_per_second"] = matmul_rate("float32")
+  return result
+
+
+def worker_keras(spec: dict) -> dict:
+  """Keras 3 Adam(gradient_accumulation_steps=n) against ours, on ragged micro-batches."""
+  import numpy as np
+  tf = _tf()
+  import keras
+  sys.path.insert(0, os.path.join(REPO, "tests"))
+  from conftest import tiny_hparams
+  from test_multistep import VOCAB, concat, ragged_batches, relative_difference
+  from t2t_lite.learner import Learner
+  n, updates, lr = 4, 3, 1e-4
+  hparams = tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,
+                         relu_dropout=0.0, learning_rate_schedule="constant",
+                         learning_rate_constant=lr)
+  micro = ragged_batches(n * updates, seed=1)
+  big = Learner(hparams, VOCAB, 1, seed=3)
+  ours = Learner(hparams, VOCAB, n, seed=3)
+  for u in range(updates):
+    big.step(concat(micro[n * u:n * u + n]))
+  for batch in micro:
+    ours.step(batch)
+  host = Learner(hparams, VOCAB, 1, seed=3)  # the same model, trained by Keras's optimizer
+  variables = host.variables
+  optimizer = keras.optimizers.Adam(learning_rate=lr, beta_1=0.9, beta_2=0.997, epsilon=1e-9,
+                                    gradient_accumulation_steps=n)
+  optimizer.build(variables)
+
+  @tf.function
+  def keras_step(batch):
+    with tf.GradientTape() as tape:
+      loss, tokens = host.model.loss(batch["inputs"], batch["targets"])
+      mean = loss / tokens
+    grads = [tf.convert_to_tensor(g) for g in tape.gradient(mean, variables)]
+    optimizer.apply_gradients(zip(grads, variables))
+
+  for batch in micro:
+    keras_step(batch)
+  return {"ours_relative_difference": relative_difference(ours, big),
+          "keras_relative_difference": relative_difference(host, big),
+          "keras_iterations": int(optimizer.iterations.numpy()), "micro_batches": len(micro),
+          "updates": updates}
+
+
+def worker_keras_speed(spec: dict) -> dict:
+  """Throughput and peak memory of Keras's accumulation on the benchmark model."""
+  tf = _tf()
+  import keras
+  from t2t_lite import registry
+  from t2t_lite.learner import Learner
+  hparams = registry.hparams(spec["hparams_set"])
+  n, rows, length, vocab = spec["n"], spec["rows"], spec["length"], 8000
+  host = Learner(hparams, vocab, 1, seed=1)
+  variables = host.variables
+  optimizer = keras.optimizers.Adam(learning_rate=1e-4, gradient_accumulation_steps=n)
+  optimizer.build(variables)
+
+  @tf.function(reduce_retracing=True)
+  def keras_step(batch):
+    with tf.GradientTape() as tape:
+      loss, tokens = host.model.loss(batch["inputs"], batch["targets"], tf.constant([1, 2],
+                                                                               tf.int64))
+      mean = loss / tokens
+    grads = [tf.convert_to_tensor(g) for g in tape.gradient(mean, variables)]
+    optimizer.apply_gradients(zip(grads, variables))
+    return mean
+
+  batches = [synthetic_batch(rows, length, vocab, seed=i) for i in range(4)]
+  for i in range(n):
+    keras_step(batches[i % 4])
+  start = time.perf_counter()
+  for i in range(spec["micro_steps"]):
+    out = keras_step(batches[i % 4])
+  float(out)
+  seconds = time.perf_counter() - start
+  return {"tokens_per_second": rows * length * spec["micro_steps"] / seconds,
+          "peak_rss_mib": _peak_rss_mib()}
+
+
+def worker_decode(spec: dict) -> dict:
+  """Sentences per second translating test_2016_flickr (greedy / beam 4, cached / not)."""
+  tf = _tf()
+  from t2t_lite import decode, registry
+  from t2t_lite.problems.base import read_lines
+  hparams = registry.hparams("transformer_multi30k_cpu")
+  model = registry.model("transformer")(hparams, 8000)
+  source = spec.get("checkpoint")
+  if source:
+    tf.train.Checkpoint(model=model).restore(source).expect_partial()
+  vocab = registry.problem("translate_ende_multi30k").get_vocab(spec["data_dir"])
+  lines = read_lines(os.path.join(spec["raw_dir"], "test_2016_flickr.en.gz"))[:spec["sentences"]]
+  sources = vocab.encode_batch(lines)
+  decoder = decode.Decoder(model, hparams.max_length)
+  results = {}
+  for beam in (1, 4):
+    for cached in (True, False):
+      decoder.translate_ids(sources[:8], beam, 0.6, 64, cached)  # trace
+      start = time.perf_counter()
+      decoder.translate_ids(sources, beam, 0.6, 64, cached)
+      results[f"beam{beam}_{'cached' if cached else 'uncached'}"] = (
+          len(sources) / (time.perf_counter() - start))
+  results["trained_model"] = bool(source)
+  return results
+
+
+def worker_pipeline(spec: dict) -> dict:
+  """Examples per second the tf.data pipeline delivers for transformer_multi30k_cpu."""
+  tf = _tf()
+  from t2t_lite import data, registry
+  hparams = registry.hparams("transformer_multi30k_cpu")
+  files = registry.problem("translate_ende_multi30k").data_files(spec["data_dir"], "train")
+  dataset = data.train_dataset(files, hparams, seed=1)
+  iterator = iter(dataset)
+  for _ in range(20):
+    next(iterator)
+  examples, start = 0, time.perf_counter()
+  for _ in range(spec.get("batches", 400)):
+    examples += int(next(iterator)["targets"].shape[0])
+  seconds = time.perf_counter() - start
+  return {"examples_per_second": examples / seconds,
+          "padding_fraction": data.padding_fraction(dataset, 200)}
+
+
+WORKERS = {"train": worker_train, "keras": worker_keras, "keras_speed": worker_keras_speed,
+           "decode": worker_decode, "pipeline": worker_pipeline}
+
+
+# --- the suite ----------------------------------------------------------------------------
+
+def run_worker(spec: dict) -> dict:
+  result = subprocess.run([sys.executable, "-m", "t2t_lite.bench", "--worker", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=REPO)
+  if result.returncode != 0:
+    return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: str | None):
+  """The configurations: (name, spec). --quick shrinks them to seconds (for the test)."""
+  cpu = {"hparams_set": "transformer_multi30k_cpu", "rows": 128, "length": 32}
+  base = {"hparams_set": "transformer_base", "hparams": "batch_size=512", "rows": 16,
+          "length": 32}
+  if quick:
+    cpu = {"hparams_set": "transformer_tiny", "rows": 8, "length": 8, "vocab": 100}
+    base = dict(cpu)
+  memory_ns = (1, 2, 4) if quick else (1, 2, 4, 8, 16)
+  specs = []
+  for label, config in (("transformer_multi30k_cpu", cpu), ("transformer_base", base)):
+    for n in memory_ns:
+      specs.append((f"memory/{label}/n={n}", {"kind": "train", **config, "n": n,
+                                              "warmup_micro_steps": 0, "micro_steps": n}))
+  steady = 4 if quick else 16
+  specs.append(("speed/n=1", {"kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2,
+                              "micro_steps": steady, "with_matmul_rate": True}))
+  specs.append(("speed/n=8", {"kind": "train", **cpu, "n": 8, "warmup_micro_steps": 8,
+                              "micro_steps": steady, "with_matmul_rate": True}))
+  specs.append(("speed/n=1/mixed_precision", {
+      "kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2, "micro_steps": steady,
+      "hparams": "mixed_precision=true", "with_matmul_rate": True}))
+  specs.append(("speed/n=1/float32", {
+      "kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2, "micro_steps": steady,
+      "hparams": "mixed_precision=false", "with_matmul_rate": True}))
+  specs.append(("keras/exactness", {"kind": "keras"}))
+  if not quick:
+    specs.append(("keras/speed/n=8", {"kind": "keras_speed", **cpu, "n": 8,
+                                      "micro_steps": steady}))
+  if data_dir and raw_dir:
+    specs.append(("decode", {"kind": "decode", "data_dir": data_dir, "raw_dir": raw_dir,
+                             "checkpoint": checkpoint, "sentences": 16 if quick else 200}))
+    specs.append(("pipeline", {"kind": "pipeline", "data_dir": data_dir,
+                               "batches": 20 if quick else 400}))
+  return specs
+
+
+def table(results: dict) -> str:
+  rows = ["| measurement | figure |", "|---|---|"]
+  for label in ("transformer_multi30k_cpu", "transformer_base"):
+    one = results.get(f"memory/{label}/n=1", {})
+    if "peak_rss_mib" not in one:
+      continue
+    acc = results.get(f"memory/{label}/n=2", {}).get("accumulators_mib", 0.0)
+    rows.append(f"| {label}: parameters / Adam slots / accumulators (n>1) | "
+                f"{one['parameters_mib']:.1f} / {one['adam_slots_mib']:.1f} / {acc:.1f} MiB |")
+    for name, result in results.items():
+      if name.startswith(f"memory/{label}/") and "peak_rss_mib" in result:
+        n = name.rsplit("=", 1)[1]
+        delta = result["peak_rss_mib"] - one["peak_rss_mib"]
+        budget = acc + 0.05 * one["peak_rss_mib"] if n != "1" else 0.0
+        verdict = "" if n == "1" else (" (within target)" if delta <= budget else " (OVER target)")
+        rows.append(f"| {label}: peak RSS at n={n} | {result['peak_rss_mib']:.0f} MiB "
+                    f"(+{delta:.0f} vs n=1; target <= {budget:.0f}){verdict} |")
+  s1, s8 = results.get("speed/n=1", {}), results.get("speed/n=8", {})
+  if "tokens_per_second" in s1 and "tokens_per_second" in s8:
+    rows.append(f"| tokens/s n=1 / n=8 (same batch) | {s1['tokens_per_second']:.0f} / "
+                f"{s8['tokens_per_second']:.0f} (ratio {s8['tokens_per_second'] / s1['tokens_per_second']:.3f}) |")
+    for name in ("speed/n=1/float32", "speed/n=1/mixed_precision"):
+      r = results.get(name, {})
+      if "tokens_per_second" in r:
+        mfu = r["model_flops_per_second"] / r["matmul_float32_flops_per_second"]
+        rows.append(f"| {name.split('/')[-1]} ({r['compute_dtype']}): tokens/s, model FLOP/s "
+                    f"/ float32 matmul FLOP/s | {r['tokens_per_second']:.0f}, "
+                    f"{r['model_flops_per_second'] / 1e9:.0f} / "
+                    f"{r['matmul_float32_flops_per_second'] / 1e9:.0f} GFLOP/s = {mfu:.0%} |")
+  k = results.get("keras/exactness", {})
+  if "keras_relative_difference" in k:
+    rows.append(f"| parameters vs one big batch after {k['updates']} updates (rel.): ours / "
+                f"Keras gradient_accumulation_steps | {k['ours_relative_difference']:.1e} / "
+                f"{k['keras_relative_difference']:.1e} |")
+  ks = results.get("keras/speed/n=8", {})
+  if "tokens_per_second" in ks and "tokens_per_second" in s8:
+    rows.append(f"| n=8 tokens/s, peak RSS: ours / Keras | {s8['tokens_per_second']:.0f}, "
+                f"{s8['peak_rss_mib']:.0f} MiB / {ks['tokens_per_second']:.0f}, "
+                f"{ks['peak_rss_mib']:.0f} MiB |")
+  d = results.get("decode", {})
+  if "beam4_cached" in d:
+    rows.append(f"| decode sentences/s, greedy cached / uncached | {d['beam1_cached']:.1f} / "
+                f"{d['beam1_uncached']:.1f} ({d['beam1_cached'] / d['beam1_uncached']:.1f}x) |")
+    rows.append(f"| decode sentences/s, beam 4 cached / uncached | {d['beam4_cached']:.1f} / "
+                f"{d['beam4_uncached']:.1f} ({d['beam4_cached'] / d['beam4_uncached']:.1f}x) |")
+  p = results.get("pipeline", {})
+  if "examples_per_second" in p:
+    rows.append(f"| input pipeline examples/s, padding fraction | "
+                f"{p['examples_per_second']:.0f}, {p['padding_fraction']:.1%} |")
+  return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--worker", help=argparse.SUPPRESS)
+  parser.add_argument("--out_dir", default="bench_out")
+  parser.add_argument("--quick", action="store_true", help="tiny configurations (seconds)")
+  parser.add_argument("--data_dir", default="data/multi30k_ende")
+  parser.add_argument("--raw_dir", default=None)
+  parser.add_argument("--checkpoint", default=None, help="a trained model for decoding")
+  args = parser.parse_args(argv)
+  if args.worker:
+    spec = json.loads(args.worker)
+    print(json.dumps(WORKERS[spec["kind"]](spec)))
+    return
+  raw_dir = args.raw_dir or os.path.join(args.data_dir, "raw")
+  have_data = os.path.isfile(os.path.join(args.data_dir, "translate_ende_multi30k.manifest.json"))
+  checkpoint = args.checkpoint
+  if checkpoint is None and os.path.isdir("runs/multi30k_ende/avg"):
+    import glob
+    found = sorted(glob.glob("runs/multi30k_ende/avg/ckpt-*.index"))
+    checkpoint = found[-1][:-len(".index")] if found else None
+  results = {}
+  start = time.time()
+  for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir, checkpoint):
+    results[name] = run_worker(spec)
+    print(f"{name}: {json.dumps(results[name])}", flush=True)
+  results["_meta"] = {"seconds": round(time.time() - start, 1), "quick": args.quick,
+                      "cpu_count": os.cpu_count()}
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, "bench.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  markdown = table(results)
+  with open(os.path.join(args.out_dir, "bench.md"), "w") as f:
+    f.write(markdown)
+  print(markdown)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,67 @@
+"""Shared fixtures: the Multi30k data, prepared once per test session, and CLI helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def multi30k_dir() -> str:
+  path = os.environ.get("MULTI30K_DIR") or os.path.join(REPO, "..", "shared", "data", "multi30k")
+  if not os.path.isfile(os.path.join(path, "train.en.gz")):
+    pytest.fail(f"Multi30k raw files not found in {path}; set MULTI30K_DIR")
+  return os.path.abspath(path)
+
+
+def cli(name: str, *args: str, env: dict | None = None, timeout: int = 300,
+        check: bool = False) -> subprocess.CompletedProcess:
+  """Runs one of the installed command-line programs; returns the completed process."""
+  full_env = dict(os.environ, **(env or {}))
+  result = subprocess.run([os.path.join(BIN, name), *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+  if check and result.returncode != 0:
+    raise AssertionError(f"{name} {' '.join(args)} exited {result.returncode}:\n"
+                         f"{result.stdout}\n{result.stderr[-3000:]}")
+  return result
+
+
+@pytest.fixture(scope="session")
+def multi30k_data(tmp_path_factory) -> str:
+  """Full Multi30k en-de through t2t-lite-datagen (about 10 s), shared by the session."""
+  data_dir = str(tmp_path_factory.mktemp("multi30k_ende"))
+  cli("t2t-lite-datagen", "--problem=translate_ende_multi30k", f"--data_dir={data_dir}",
+      f"--tmp_dir={multi30k_dir()}", check=True)
+  return data_dir
+
+
+def tiny_hparams(**overrides):
+  """transformer_tiny with test-friendly batches; pass dropout etc. as overrides."""
+  from t2t_lite import registry
+  hparams = registry.hparams("transformer_tiny")
+  hparams.batch_size = 512
+  hparams.max_length = 64
+  hparams.shuffle_buffer_size = 1000
+  for name, value in overrides.items():
+    hparams.set_hparam(name, value)
+  return hparams
+
+
+TINY_FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
+              "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2",
+              "--save_checkpoints_steps=2", "--log_every=1", "--local_eval_frequency=4",
+              "--eval_steps=2", "--eval_bleu_sentences=16", "--random_seed=7"]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(multi30k_data, tmp_path_factory) -> dict:
+  """transformer_tiny trained by the real CLI for 4 updates (8 micro-steps), n = 2."""
+  output_dir = str(tmp_path_factory.mktemp("tiny_run") / "run")
+  result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}",
+               f"--output_dir={output_dir}", "--train_steps=4", check=True)
+  return {"output_dir": output_dir, "data_dir": multi30k_data, "first": result}

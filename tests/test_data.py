@@ -1,0 +1,221 @@
+"""Datagen, vocabulary and the token-bucketed input pipeline."""
+
+import gzip
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import cli, multi30k_dir, tiny_hparams
+from t2t_lite import data, registry
+from t2t_lite.errors import UsageError
+from t2t_lite.problems.base import read_lines
+
+
+def test_multi30k_manifest(multi30k_data):
+  problem = registry.problem("translate_ende_multi30k")
+  manifest = problem.manifest(multi30k_data)
+  counts = {split: (info["read"], info["kept"]) for split, info in manifest["splits"].items()}
+  assert counts == {"train": (29000, 29000), "dev": (1014, 1014), "test": (1000, 1000)}
+  assert manifest["vocab"]["size"] == 8000
+  assert len(problem.data_files(multi30k_data, "train")) == 4
+  from t2t_lite.problems.base import file_sha256
+  assert manifest["vocab"]["sha256"] == file_sha256(problem.vocab_file(multi30k_data))
+  assert not [f for f in os.listdir(multi30k_data) if ".tmp" in f]
+
+
+def test_second_datagen_run_does_nothing(multi30k_data):
+  before = {f: os.path.getmtime(os.path.join(multi30k_data, f)) for f in os.listdir(multi30k_data)}
+  start = time.time()
+  result = cli("t2t-lite-datagen", "--problem=translate_ende_multi30k",
+               f"--data_dir={multi30k_data}", f"--tmp_dir={multi30k_dir()}", check=True)
+  assert "up to date with its inputs; nothing to do" in result.stdout
+  after = {f: os.path.getmtime(os.path.join(multi30k_data, f)) for f in os.listdir(multi30k_data)}
+  assert before == after
+  assert time.time() - start < 30
+
+
+def test_sentencepiece_round_trip(multi30k_data):
+  vocab = registry.problem("translate_ende_multi30k").get_vocab(multi30k_data)
+  lines = [l.strip() for lang in ("en", "de")
+           for l in read_lines(os.path.join(multi30k_dir(), f"test_2016_flickr.{lang}.gz"))]
+  same = sum(vocab.decode(vocab.encode(line)) == line for line in lines)
+  assert same / len(lines) >= 0.999, f"{len(lines) - same} of {len(lines)} lines changed"
+  assert vocab.encode("A dog.")[-1] == 1  # ends with EOS
+
+
+def _sequences(batch):
+  out = []
+  for src, tgt in zip(batch["inputs"].numpy(), batch["targets"].numpy()):
+    out.append((tuple(src[src != 0]), tuple(tgt[tgt != 0])))
+  return out
+
+
+def test_batches_fit_batch_size_and_one_epoch_has_every_example_once(multi30k_data):
+  problem = registry.problem("translate_ende_multi30k")
+  files = problem.data_files(multi30k_data, "dev")
+  hparams = tiny_hparams(batch_size=300, max_length=40)
+  expected = sorted(_sequences({k: v[None] for k, v in ex.items()})[0]
+                    for ex in data.examples(files, 40))
+  seen = []
+  for batch in data.eval_dataset(files, hparams):
+    rows, longest = batch["inputs"].shape[0], max(batch["inputs"].shape[1],
+                                                    batch["targets"].shape[1])
+    assert rows * longest <= 300
+    seen.extend(_sequences(batch))
+  assert sorted(seen) == expected
+  all_examples = sum(1 for _ in data.examples(files, 1000))
+  assert 900 < len(expected) < all_examples, "max_length=40 should drop a few dev pairs"
+
+
+def test_training_batches_fit_and_pad_little(multi30k_data):
+  files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
+  hparams = registry.hparams("transformer_multi30k_cpu")
+  batches = data.train_dataset(files, hparams, seed=1).take(150)
+  shapes = set()
+  for batch in batches:
+    rows = batch["inputs"].shape[0]
+    longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
+    assert rows * longest <= hparams.batch_size
+    shapes.add(longest)
+  fraction = data.padding_fraction(data.train_dataset(files, hparams, seed=1), limit=150)
+  assert fraction < 0.15, f"padding fraction {fraction:.3f}"
+
+
+def test_training_order_follows_the_seed(multi30k_data):
+  files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
+  hparams = tiny_hparams()
+  first = lambda seed: [b["targets"].numpy().tolist()  # noqa: E731
+                        for b in data.train_dataset(files, hparams, seed).take(3)]
+  assert first(5) == first(5)
+  assert first(5) != first(6)
+
+
+# --- bad input, through translate_folder and the real CLI ---------------------------------
+
+def _corpus(folder, lines=300, **edits):
+  os.makedirs(folder, exist_ok=True)
+  src = read_lines(os.path.join(multi30k_dir(), "train.en.gz"))[:lines]
+  tgt = read_lines(os.path.join(multi30k_dir(), "train.de.gz"))[:lines]
+  for split in ("train", "dev", "test"):
+    for lang, text in (("en", src), ("de", tgt)):
+      path = os.path.join(folder, f"{split}.{lang}")
+      with open(path, "wb") as f:
+        f.write(("\n".join(text) + "\n").encode())
+  for name, content in edits.items():
+    with open(os.path.join(folder, name.replace("_", ".")), "wb") as f:
+      f.write(content)
+
+
+def _datagen(tmp_path, raw):
+  return cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={tmp_path / 'out'}",
+             f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de", "--vocab_size=300")
+
+
+def test_folder_corpus_drops_and_counts_empty_pairs(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  lines = (raw / "train.de").read_text().splitlines()
+  lines[3], lines[10] = "", "   "
+  (raw / "train.de").write_text("\n".join(lines) + "\n")
+  with gzip.open(raw / "dev.en.gz", "wt") as f:  # .gz files are read too
+    f.write((raw / "dev.en").read_text())
+  os.remove(raw / "dev.en")
+  result = _datagen(tmp_path, raw)
+  assert result.returncode == 0, result.stderr
+  assert "translate_folder train: 300 pairs read, 298 kept (dropped: 2 empty_or_whitespace)" \
+      in result.stdout
+  manifest = json.loads((tmp_path / "out" / "translate_folder.manifest.json").read_text())
+  assert manifest["splits"]["train"]["dropped"] == {"empty_or_whitespace": 2}
+  assert manifest["settings"]["source_lang"] == "en"
+
+
+def _assert_usage_error(result, *fragments, out_dir=None):
+  assert result.returncode == 2, result.stderr
+  for fragment in fragments:
+    assert fragment in result.stderr
+  assert "Traceback" not in result.stderr
+  if out_dir is not None and out_dir.exists():
+    assert not [f for f in os.listdir(out_dir) if "manifest" in f or ".tmp" in f]
+
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  (raw / "dev.de").write_text("ein Satz\n" * 5)
+  result = _datagen(tmp_path, raw)
+  _assert_usage_error(result, f"line counts differ: {raw}/dev.en has 300 lines, "
+                      f"{raw}/dev.de has 5", out_dir=tmp_path / "out")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  lines = (raw / "test.en").read_bytes().split(b"\n")
+  lines[41] = b"caf\xe9 au lait"
+  (raw / "test.en").write_bytes(b"\n".join(lines))
+  result = _datagen(tmp_path, raw)
+  _assert_usage_error(result, f"{raw}/test.en: line 42 is not valid UTF-8",
+                      out_dir=tmp_path / "out")
+
+
+def test_missing_file_says_where_it_looked(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  os.remove(raw / "test.de")
+  result = _datagen(tmp_path, raw)
+  _assert_usage_error(result, f"missing data file test.de: looked for {raw}/test.de and "
+                      f"{raw}/test.de.gz", out_dir=tmp_path / "out")
+
+
+def test_missing_multi30k_file_offline(tmp_path):
+  result = cli("t2t-lite-datagen", "--problem=translate_ende_multi30k",
+               f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={tmp_path / 'raw'}",
+               env={"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"})
+  _assert_usage_error(result, "missing Multi30k file train.en.gz: looked for "
+                      f"{tmp_path / 'raw'}/train.en.gz", "get_multi30k.sh")
+
+
+def test_unknown_problem_suggests(tmp_path):
+  result = cli("t2t-lite-datagen", "--problem=translate_ende_multi30", "--data_dir=x",
+               "--tmp_dir=y")
+  _assert_usage_error(result, "did you mean translate_ende_multi30k")
+
+
+def test_wmt14_unprepared_fails_fast(tmp_path):
+  start = time.time()
+  result = cli("t2t-lite-datagen", "--problem=translate_ende_wmt14",
+               f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={tmp_path / 'tfds'}")
+  _assert_usage_error(result, "wmt14_translate/de-en is not prepared", "prepare_wmt14_ende.sh")
+  assert time.time() - start < 60
+
+
+def test_interrupted_datagen_is_redone(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  assert _datagen(tmp_path, raw).returncode == 0
+  out = tmp_path / "out"
+  shard = sorted(out.glob("translate_folder-train-*"))[0]
+  shard.write_bytes(shard.read_bytes()[:100])  # a half-written file
+  result = _datagen(tmp_path, raw)
+  assert result.returncode == 0 and "nothing to do" not in result.stdout
+  problem = registry.problem("translate_folder")
+  manifest = problem.manifest(str(out))
+  assert os.path.getsize(shard) == manifest["splits"]["train"]["bytes"][0] > 100
+  os.remove(out / "translate_folder.manifest.json")  # died before the manifest
+  assert "nothing to do" not in _datagen(tmp_path, raw).stdout
+
+
+def test_batch_size_smaller_than_max_length_is_refused():
+  with pytest.raises(UsageError, match="batch_size=100 tokens cannot hold one sequence"):
+    data.check_batch_size(100, 256)
+
+
+def test_bucket_boundaries_are_geometric():
+  boundaries = data.bucket_boundaries(64)
+  assert boundaries[:4] == [8, 9, 10, 11] and boundaries[-1] == 65
+  steps = np.diff(boundaries[:-1]) / np.array(boundaries[:-2])
+  assert (steps <= 0.125 + 1e-9).all()

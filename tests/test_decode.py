@@ -1,0 +1,147 @@
+"""Greedy and beam search, the cache, BLEU, checkpoint averaging and the decoder CLI."""
+
+import os
+
+import numpy as np
+import pytest
+import sacrebleu
+import tensorflow as tf
+
+from conftest import cli, tiny_hparams
+from t2t_lite import decode, registry
+
+VOCAB = 50
+
+
+@pytest.fixture(scope="module")
+def model():
+  # A random model over a small vocabulary gives varied, non-trivial outputs.
+  return registry.model("transformer")(tiny_hparams(), VOCAB, seed=21)
+
+
+@pytest.fixture(scope="module")
+def inputs():
+  rng = np.random.RandomState(3)
+  ids = rng.randint(3, VOCAB, size=(6, 9)).astype(np.int32)
+  ids[2, 4:] = 0
+  ids[2, 3] = 1
+  return tf.constant(ids)
+
+
+def test_cached_decoding_matches_uncached(model, inputs):
+  cached = tf.function(lambda x: decode.greedy_search(model, x, 15, True))(inputs)
+  uncached = tf.function(
+      lambda x: decode.greedy_search(decode.Uncached(model), x, 15, True))(inputs)
+  np.testing.assert_array_equal(cached[0].numpy(), uncached[0].numpy())
+  np.testing.assert_allclose(cached[1].numpy(), uncached[1].numpy(), atol=1e-5, rtol=0)
+  assert len(set(cached[0].numpy().ravel().tolist())) > 3, "outputs should be varied"
+
+
+def test_uncached_beam_search_matches_cached(model, inputs):
+  cached = tf.function(lambda x: decode.beam_search(model, x, 12, 3, 0.6))(inputs).numpy()
+  uncached = tf.function(
+      lambda x: decode.beam_search(decode.Uncached(model), x, 12, 3, 0.6))(inputs).numpy()
+  np.testing.assert_array_equal(cached, uncached)
+
+
+def test_beam_of_one_is_greedy(model, inputs):
+  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs).numpy()
+  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 1, 0.0))(inputs).numpy()
+  np.testing.assert_array_equal(beam, greedy)
+
+
+def test_beam_search_finds_a_likelier_sequence_than_greedy(model, inputs):
+  def log_prob(ids):
+    padded = tf.constant(ids)
+    logits = model(inputs, padded)
+    logp = tf.nn.log_softmax(logits)
+    picked = tf.gather(logp, padded[..., None], batch_dims=2)[..., 0]
+    return (picked * tf.cast(padded > 0, tf.float32)).numpy().sum(axis=1)
+
+  def pad(rows, width=16):
+    out = np.zeros([len(rows), width], np.int32)
+    for i, row in enumerate(rows):
+      row = list(row) + ([1] if 1 not in list(row) else [])
+      row = row[:row.index(1) + 1]
+      out[i, :len(row)] = row
+    return out
+
+  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs).numpy()
+  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 4, 0.0))(inputs).numpy()
+  ended = [1 in g.tolist() and 1 in b.tolist() for g, b in zip(greedy, beam)]
+  lp_greedy, lp_beam = log_prob(pad(greedy)), log_prob(pad(beam))
+  assert all(b >= g - 1e-4 for b, g, e in zip(lp_beam, lp_greedy, ended) if e)
+
+
+def test_length_penalty_is_tensor2tensors():
+  for length in (1, 5, 20):
+    for alpha in (0.0, 0.6, 1.0):
+      assert float(decode.length_penalty(length, alpha)) == pytest.approx(
+          ((5 + length) / 6) ** alpha)
+  # log p -6 over 10 tokens against -5 over 4: alpha 0 prefers the short one, alpha 1 the long.
+  score = lambda logp, length, alpha: logp / float(decode.length_penalty(length, alpha))  # noqa
+  assert score(-5, 4, 0.0) > score(-6, 10, 0.0)
+  assert score(-6, 10, 1.0) > score(-5, 4, 1.0)
+
+
+def test_decoder_keeps_order_and_empty_lines(tiny_run, tmp_path):
+  lines = ["A man is riding a bike.", "", "Two dogs play in the snow.",
+           "A very long line " + "with many words " * 40, "Kids."]
+  (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+  (tmp_path / "rev.txt").write_text("\n".join(reversed(lines)) + "\n")
+  for name in ("in", "rev"):
+    cli("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}",
+        "--decode_hparams=beam_size=2,batch_size=2", f"--decode_from_file={tmp_path / name}.txt",
+        f"--decode_to_file={tmp_path / name}.out", check=True)
+  out = (tmp_path / "in.out").read_text().split("\n")
+  rev = (tmp_path / "rev.out").read_text().split("\n")
+  assert len(out) == len(lines) + 1 and out[-1] == ""
+  assert out[1] == ""
+  assert out[:-1] == list(reversed(rev[:-1]))
+  assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_decoder_rejects_an_empty_input(tiny_run, tmp_path):
+  (tmp_path / "empty.txt").write_text("")
+  result = cli("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}",
+               f"--decode_from_file={tmp_path / 'empty.txt'}",
+               f"--decode_to_file={tmp_path / 'out.txt'}")
+  assert result.returncode == 2
+  assert "is empty; nothing to decode" in result.stderr
+  assert not (tmp_path / "out.txt").exists()
+
+
+def test_bleu_cli_equals_sacrebleu(tmp_path):
+  hyps = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Ein Kind lacht."]
+  refs = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Ein Kind lächelt."]
+  (tmp_path / "hyp").write_text("\n".join(hyps) + "\n")
+  (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+  out = cli("t2t-lite-bleu", f"--translation={tmp_path / 'hyp'}",
+            f"--reference={tmp_path / 'ref'}", check=True).stdout
+  expected = sacrebleu.corpus_bleu(hyps, [refs])
+  assert out.startswith(f"BLEU = {expected.score:.2f}")
+  assert "tok:13a" in out and "case:mixed" in out
+  (tmp_path / "short").write_text("one line\n")
+  bad = cli("t2t-lite-bleu", f"--translation={tmp_path / 'short'}",
+            f"--reference={tmp_path / 'ref'}")
+  assert bad.returncode == 2 and "line counts differ" in bad.stderr
+
+
+def test_averaged_checkpoint_is_the_mean(tiny_run, tmp_path):
+  output_dir = tiny_run["output_dir"]
+  avg_dir = tmp_path / "avg"
+  cli("t2t-lite-avg-checkpoints", f"--output_dir={output_dir}", "--num_last_checkpoints=2",
+      f"--avg_dir={avg_dir}", check=True)
+  paths = list(tf.train.get_checkpoint_state(output_dir).all_model_checkpoint_paths)[-2:]
+  readers = [tf.train.load_checkpoint(p) for p in paths]
+  averaged = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(avg_dir)))
+  names = [n for n, _ in tf.train.list_variables(paths[0])
+           if n.startswith("model/") and n.endswith("VARIABLE_VALUE")]
+  assert len(names) > 20
+  differ = 0
+  for name in names:
+    a, b = (r.get_tensor(name) for r in readers)
+    differ += int(not np.array_equal(a, b))
+    np.testing.assert_allclose(averaged.get_tensor(name), (a + b) / 2, rtol=1e-6, atol=1e-7)
+  assert differ > 10, "the two checkpoints should differ"
+  assert os.path.isfile(avg_dir / "hparams.json")

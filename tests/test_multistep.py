@@ -1,0 +1,155 @@
+"""The contract: n micro-batches equal one n-times-bigger batch, token-weighted, exactly."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import tiny_hparams
+from t2t_lite import optimize, registry
+from t2t_lite.learner import Learner
+from t2t_lite.steps import plan
+from t2t_lite.errors import UsageError
+
+VOCAB = 60
+
+
+def ragged_batches(count, seed=0):
+  """Micro-batches with different shapes and different numbers of target tokens."""
+  rng = np.random.RandomState(seed)
+  batches = []
+  for _ in range(count):
+    rows, src_len, tgt_len = rng.randint(2, 5), rng.randint(3, 12), rng.randint(3, 12)
+    inputs = rng.randint(3, VOCAB, size=(rows, src_len)).astype(np.int32)
+    targets = rng.randint(3, VOCAB, size=(rows, tgt_len)).astype(np.int32)
+    for row in range(rows):
+      inputs[row, rng.randint(1, src_len + 1):] = 0
+      targets[row, rng.randint(1, tgt_len + 1):] = 0
+    inputs[0, :], targets[0, :] = np.maximum(inputs[0], 3), np.maximum(targets[0], 3)
+    batches.append({"inputs": tf.constant(inputs), "targets": tf.constant(targets)})
+  return batches
+
+
+def concat(batches):
+  """One batch holding the same sentences, padded to the longest."""
+  out = {}
+  for name in ("inputs", "targets"):
+    width = max(b[name].shape[1] for b in batches)
+    out[name] = tf.concat([tf.pad(b[name], [[0, 0], [0, width - b[name].shape[1]]])
+                           for b in batches], axis=0)
+  return out
+
+
+def no_dropout(**overrides):
+  return tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,
+                      relu_dropout=0.0, **overrides)
+
+
+def relative_difference(a, b):
+  scale = max(float(tf.reduce_max(tf.abs(v))) for v in b.variables)
+  return max(float(tf.reduce_max(tf.abs(x - y))) for x, y in zip(a.variables, b.variables)) / scale
+
+
+class PerMicroBatchMean(Learner):
+  """What per-step averaging wrappers do: the plain mean of micro-batch mean gradients."""
+
+  def _gradients(self, batch):
+    grads, loss, tokens = super()._gradients(batch)
+    return [g / tokens for g in grads], loss / tokens, tf.constant(1.0)
+
+
+def test_accumulation_equals_one_big_batch_and_the_mean_variant_does_not():
+  # Adam divides by sqrt(v) + 1e-9, so float32 round-off in near-zero gradient entries
+  # moves a parameter by a fraction of the learning rate; the error scales with it. 1e-4 is a
+  # learning rate of the warmup phase; the test compares 3 updates.
+  hparams = no_dropout(learning_rate_schedule="constant", learning_rate_constant=1e-4)
+  micro = ragged_batches(12)
+  token_counts = [int(tf.reduce_sum(tf.cast(b["targets"] > 0, tf.int32))) for b in micro]
+  assert len(set(token_counts)) > 3, "the micro-batches must be ragged"
+  accumulated = Learner(hparams, VOCAB, accumulate_steps=4, seed=3)
+  big = Learner(hparams, VOCAB, accumulate_steps=1, seed=3)
+  mean = PerMicroBatchMean(hparams, VOCAB, accumulate_steps=4, seed=3)
+  for batch in micro:
+    accumulated.step(batch)
+    mean.step(batch)
+  for update in range(3):
+    big.step(concat(micro[4 * update:4 * update + 4]))
+  assert int(accumulated.update_step.numpy()) == int(big.update_step.numpy()) == 3
+  exact = relative_difference(accumulated, big)
+  biased = relative_difference(mean, big)
+  assert exact < 1e-5, exact
+  assert biased > 1e-5 * 10, biased
+
+
+def test_gradient_is_token_weighted_sum_over_micro_batches():
+  hparams = no_dropout()
+  micro = ragged_batches(3, seed=4)
+  accumulated = Learner(hparams, VOCAB, accumulate_steps=3, seed=5)
+  for batch in micro:
+    accumulated.micro_step_fn(batch)
+  tokens = float(accumulated.accumulator.tokens.numpy())
+  grads = [g.numpy() / tokens for g in accumulated.accumulator.gradients]
+  big_grads, _, big_tokens = Learner(hparams, VOCAB, 1, seed=5)._gradients(concat(micro))
+  assert tokens == float(big_tokens)
+  for mine, theirs in zip(grads, big_grads):
+    np.testing.assert_allclose(mine, theirs.numpy() / tokens, atol=2e-7)
+
+
+@pytest.mark.parametrize("accumulate_steps", [1, 8])
+def test_counters_and_schedule_count_updates(accumulate_steps):
+  hparams = no_dropout(learning_rate_warmup_steps=4)
+  learner = Learner(hparams, VOCAB, accumulate_steps, seed=1)
+  rates = []
+  for batch in ragged_batches(5 * accumulate_steps, seed=2):
+    stats = learner.step(batch)
+    if stats is not None:
+      rates.append(float(stats["learning_rate"]))
+  assert int(learner.update_step.numpy()) == 5
+  assert int(learner.adam.iterations.numpy()) == 5
+  assert int(learner.micro_step.numpy()) == 5 * accumulate_steps
+  expected = [float(optimize.learning_rate(hparams, u)) for u in range(1, 6)]
+  np.testing.assert_allclose(rates, expected, rtol=1e-6)
+  # warmup counts updates: linear up to update 4, then rsqrt decay
+  assert rates[3] == pytest.approx(2.0 * 4 ** -0.5 * 128 ** -0.5, rel=1e-6)
+  assert rates[0] == pytest.approx(rates[3] / 4, rel=1e-6)
+
+
+def test_single_step_has_no_accumulators_and_multistep_has_one_copy():
+  hparams = no_dropout()
+  single = Learner(hparams, VOCAB, 1)
+  multi = Learner(hparams, VOCAB, 16)
+  assert single.accumulator is None
+  assert single.state_bytes()["accumulators"] == 0
+  params = single.state_bytes()["parameters"]
+  assert multi.state_bytes()["accumulators"] == params
+  assert len(multi.accumulator.gradients) == len(multi.variables)
+
+
+def test_embedding_gradients_are_dense_on_every_path():
+  hparams = no_dropout()
+  learner = Learner(hparams, VOCAB, 1)
+  grads, _, _ = learner._gradients(ragged_batches(1)[0])
+  assert all(isinstance(g, tf.Tensor) and not isinstance(g, tf.IndexedSlices) for g in grads)
+
+
+def test_clipping_applies_to_the_accumulated_gradient():
+  hparams = no_dropout(clip_grad_norm=1e-3, learning_rate_schedule="constant",
+                       learning_rate_constant=1e-4)
+  micro = ragged_batches(8, seed=9)
+  accumulated = Learner(hparams, VOCAB, 4, seed=3)
+  big = Learner(hparams, VOCAB, 1, seed=3)
+  for batch in micro:
+    accumulated.step(batch)
+  for update in range(2):
+    stats = big.step(concat(micro[4 * update:4 * update + 4]))
+  assert float(stats["grad_norm"]) > 1e-3  # clipping was active
+  assert relative_difference(accumulated, big) < 1e-5
+
+
+def test_plan_arithmetic():
+  hparams = registry.hparams("transformer_base_fake_gpu8")
+  p = plan(hparams, replicas=1, train_steps=100)
+  assert (p.tokens_per_update, p.micro_steps, p.update_of(17)) == (32768, 800, 2)
+  base_on_8 = plan(registry.hparams("transformer_base"), replicas=8, train_steps=100)
+  assert base_on_8.tokens_per_update == p.tokens_per_update
+  with pytest.raises(UsageError, match="--train_steps=0"):
+    plan(hparams, 1, 0)

@@ -1,0 +1,129 @@
+"""Runs that survive SIGKILL, non-finite values and damaged checkpoints."""
+
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import BIN, cli
+
+FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
+         "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=4",
+         "--save_checkpoints_steps=1", "--keep_checkpoint_max=3", "--log_every=1",
+         "--local_eval_frequency=0", "--random_seed=5", "--train_steps=6"]
+
+
+def _model_values(output_dir):
+  path = tf.train.latest_checkpoint(output_dir)
+  reader = tf.train.load_checkpoint(path)
+  return {n: reader.get_tensor(n) for n, _ in tf.train.list_variables(path)
+          if n.startswith("model/") and n.endswith("VARIABLE_VALUE")}
+
+
+def _start(output_dir, data_dir, fault=""):
+  env = dict(os.environ, T2T_LITE_FAULT=fault)
+  return subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *FLAGS,
+                           f"--data_dir={data_dir}", f"--output_dir={output_dir}"],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when(process, marker, occurrence=1):
+  """SIGKILLs `process` right after its log shows `marker` for the n-th time."""
+  seen = 0
+  for line in process.stderr:
+    if marker in line:
+      seen += 1
+      if seen == occurrence:
+        process.send_signal(signal.SIGKILL)
+        break
+  process.wait(timeout=120)
+  return process.returncode
+
+
+def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, tmp_path):
+  start = time.time()
+  straight = str(tmp_path / "straight")
+  cli("t2t-lite-trainer", *FLAGS, f"--data_dir={multi30k_data}", f"--output_dir={straight}",
+      check=True)
+
+  broken = str(tmp_path / "broken")
+  # 1: mid-accumulation (micro-step 6 of 24; the last checkpoint is update 1)
+  assert _start(broken, multi30k_data, fault="micro:6").wait(timeout=120) == -signal.SIGKILL
+  # 2: inside a checkpoint save: files written, checkpoint state not yet updated
+  assert _start(broken, multi30k_data, fault="save:2").wait(timeout=120) == -signal.SIGKILL
+  # 3: between micro-steps, right after an update was logged (before its checkpoint)
+  assert _kill_when(_start(broken, multi30k_data), "update 4/6") == -signal.SIGKILL
+  # 4: while restoring, at start-up
+  assert _kill_when(_start(broken, multi30k_data), "resumed from") == -signal.SIGKILL
+  # 5: right after a checkpoint was saved
+  assert _kill_when(_start(broken, multi30k_data), "saved ") == -signal.SIGKILL
+  final = _start(broken, multi30k_data)
+  _, err = final.communicate(timeout=180)
+  assert final.returncode == 0, err[-3000:]
+  assert "update 6/6 (micro-step 24)" in err
+
+  expected, got = _model_values(straight), _model_values(broken)
+  assert expected.keys() == got.keys()
+  worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
+  assert worst <= 1e-6, worst
+  assert time.time() - start < 150
+
+
+def test_nonfinite_update_is_skipped_and_counted(multi30k_data, tmp_path):
+  result = cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=3",
+               "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2",
+               "--debug_nan_micro_steps=3", f"--data_dir={multi30k_data}",
+               f"--output_dir={tmp_path / 'run'}", check=True)
+  assert ("non-finite loss or gradient at update 2 (micro-step 4): update skipped, "
+          "accumulators reset (1 in a row, 1 skipped in all)") in result.stderr
+  assert "trained 3 updates (8 micro-steps)" in result.stdout
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "run")))
+  assert reader.get_tensor("skipped_updates/.ATTRIBUTES/VARIABLE_VALUE") == 1
+  assert reader.get_tensor("optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE") == 3
+  for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(str(tmp_path / "run"))):
+    if name.startswith("model/") and name.endswith("VARIABLE_VALUE"):
+      assert np.isfinite(reader.get_tensor(name)).all(), name
+
+
+def test_too_many_nonfinite_updates_stop_the_run(multi30k_data, tmp_path):
+  output_dir = tmp_path / "run"
+  result = cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=10",
+               "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2,"
+               "max_consecutive_nonfinite=3",
+               "--debug_nan_micro_steps=3,4,5,6,7,8,9,10", f"--data_dir={multi30k_data}",
+               f"--output_dir={output_dir}")
+  assert result.returncode == 1
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("t2t-lite-trainer: error: 3 updates in a row had a non-finite loss")
+  assert "The last good checkpoint is kept" in last
+  assert "Traceback" not in result.stderr
+  assert os.path.basename(tf.train.latest_checkpoint(str(output_dir))) == "ckpt-2"
+
+
+def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny_run, tmp_path):
+  import shutil
+  run = str(tmp_path / "run")
+  shutil.copytree(tiny_run["output_dir"], run)
+  latest = tf.train.latest_checkpoint(run)
+  data_file = [f for f in os.listdir(run) if f.startswith(os.path.basename(latest) + ".data")][0]
+  with open(os.path.join(run, data_file), "r+b") as f:
+    f.truncate(1000)
+  from conftest import TINY_FLAGS
+  result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={run}", "--train_steps=5",
+               "--local_eval_frequency=0", check=True)
+  assert f"checkpoint {latest} is unreadable" in result.stderr
+  assert "falling back to" in result.stderr
+  assert "resumed from" in result.stderr
+
+
+def test_same_seed_same_losses(multi30k_data, tmp_path):
+  from test_train import _scalars
+  runs = []
+  for name in ("a", "b"):
+    cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=3", f"--data_dir={multi30k_data}",
+        f"--output_dir={tmp_path / name}", check=True)
+    runs.append([v for _, v in _scalars(str(tmp_path / name / "train"))["loss"]])
+  assert len(runs[0]) == 3 and runs[0] == runs[1]

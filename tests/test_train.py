@@ -1,0 +1,101 @@
+"""The trainer: exact resume mid-accumulation, --train_steps in updates, the real CLI."""
+
+import glob
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import TINY_FLAGS, cli, tiny_hparams
+from t2t_lite import registry
+from t2t_lite.steps import plan
+from t2t_lite.train import RunOptions, Trainer
+
+
+def make_trainer(output_dir, data_dir, train_steps, accumulate_steps=4, **options):
+  hparams = tiny_hparams(optimizer_multistep_accumulate_steps=accumulate_steps)
+  problem = registry.problem("translate_ende_multi30k")
+  run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
+                   local_eval_frequency=0, log_every=1, save_checkpoints_steps=1000, **options)
+  return Trainer(hparams, problem, plan(hparams, 1, train_steps), run)
+
+
+def values(trainer):
+  return [v.numpy() for v in trainer.learner.model.variables]
+
+
+def test_resume_mid_accumulation_is_exact(multi30k_data, tmp_path):
+  # Dropout stays on (0.1): its masks come from (seed, micro-step), so resume redraws them.
+  straight = make_trainer(tmp_path / "straight", multi30k_data, train_steps=3)
+  result = straight.train()
+  assert (result["updates"], result["micro_steps"]) == (3, 12)
+
+  first = make_trainer(tmp_path / "stopped", multi30k_data, train_steps=3,
+                       stop_after_micro_steps=6)
+  stopped = first.train()
+  assert (stopped["updates"], stopped["micro_steps"]) == (1, 6)
+  assert stopped["checkpoint"].endswith("ckpt-6")
+  assert float(first.learner.accumulator.tokens.numpy()) > 0  # saved mid-accumulation
+
+  second = make_trainer(tmp_path / "stopped", multi30k_data, train_steps=3)
+  resumed = second.train()
+  assert (resumed["updates"], resumed["micro_steps"]) == (3, 12)
+  for a, b in zip(values(straight), values(second)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  assert int(second.learner.adam.iterations.numpy()) == 3
+
+
+def test_train_steps_counts_updates(multi30k_data, tmp_path):
+  trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=2, accumulate_steps=3)
+  result = trainer.train()
+  assert (result["updates"], result["micro_steps"]) == (2, 6)
+  assert int(trainer.learner.update_step.numpy()) == 2
+
+
+def _scalars(directory):
+  found = {}
+  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        found.setdefault(value.tag, []).append(
+            (event.step, float(tf.make_ndarray(value.tensor))))
+  return found
+
+
+def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
+  output_dir = tiny_run["output_dir"]
+  first = tiny_run["first"]
+  assert "tokens per update: 1024 (= 512 x 2 x 1)" in first.stdout
+  assert "micro-steps: 8 (= 4 x 2)" in first.stdout
+  assert "update 4/4 (micro-step 8): loss" in first.stderr
+  assert "trained 4 updates (8 micro-steps)" in first.stdout
+  state = tf.train.get_checkpoint_state(output_dir)
+  assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-4", "ckpt-8"]
+  train = _scalars(os.path.join(output_dir, "train"))
+  for tag in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "tokens_per_update"):
+    assert [step for step, _ in train[tag]] == [1, 2, 3, 4], tag
+  evaluation = _scalars(os.path.join(output_dir, "eval"))
+  assert [step for step, _ in evaluation["dev_loss"]] == [4]
+  assert "dev_bleu" in evaluation
+  assert os.path.isfile(os.path.join(output_dir, "best", "bleu.json"))
+
+  resumed = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={output_dir}",
+                "--train_steps=5", "--local_eval_frequency=0", check=True)
+  assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
+  assert "update 5/5 (micro-step 10)" in resumed.stderr
+  assert "trained 5 updates (10 micro-steps)" in resumed.stdout
+
+
+def test_resume_with_other_hparams_is_refused(tiny_run):
+  output_dir = tiny_run["output_dir"]
+  flags = [f for f in TINY_FLAGS if not f.startswith("--hparams")]
+  changed = cli("t2t-lite-trainer", *flags, f"--output_dir={output_dir}", "--train_steps=9",
+                "--hparams=batch_size=1024")
+  assert changed.returncode == 2
+  assert "was trained with other values: batch_size=1024 (recorded 512)" in changed.stderr
+  other_set = cli("t2t-lite-trainer", "--hparams_set=transformer_small",
+                  f"--output_dir={output_dir}", "--train_steps=9")
+  assert other_set.returncode == 2
+  assert "was trained with --hparams_set=transformer_tiny, not transformer_small" in \
+      other_set.stderr
+  assert "--allow_hparams_change" in other_set.stderr
