@@ -88,7 +88,7 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
 
 def test_resume_with_other_hparams_is_refused(tiny_run):
   output_dir = tiny_run["output_dir"]
-  flags = [f for f in TINY_FLAGS if not f.startswith("--hparams")]
+  flags = [f for f in TINY_FLAGS if not f.startswith("--hparams=")]
   changed = cli("t2t-lite-trainer", *flags, f"--output_dir={output_dir}", "--train_steps=9",
                 "--hparams=batch_size=1024")
   assert changed.returncode == 2

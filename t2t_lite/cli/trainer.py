@@ -12,7 +12,8 @@ from t2t_lite.errors import UsageError
 
 flags.DEFINE_string("problem", "translate_ende_multi30k", "Registered problem.")
 flags.DEFINE_string("model", "transformer", "Registered model.")
-flags.DEFINE_string("hparams_set", "transformer_multi30k_cpu", "Registered hparams set.")
+flags.DEFINE_string("hparams_set", None, "Registered hparams set (default: the one recorded in "
+                    "--output_dir when resuming, else transformer_multi30k_cpu).")
 flags.DEFINE_string("hparams", "", "Overrides, e.g. 'batch_size=2048,clip_grad_norm=1.0'.")
 flags.DEFINE_string("data_dir", None, "Directory written by t2t-lite-datagen.")
 flags.DEFINE_string("output_dir", None, "Checkpoints, summaries and hparams.json.")
@@ -61,7 +62,10 @@ def main() -> None:
     common.check_writable_dir(FLAGS.output_dir, "output_dir")
   registry.models.canonical(FLAGS.model)
   problem = registry.problem(FLAGS.problem)
-  hparams, previous = rundir.resolve(FLAGS.hparams_set, FLAGS.hparams, FLAGS.output_dir,
+  recorded = rundir.read_meta(FLAGS.output_dir) if FLAGS.output_dir else None
+  hparams_set = FLAGS.hparams_set or (recorded or {}).get("hparams_set",
+                                                         "transformer_multi30k_cpu")
+  hparams, previous = rundir.resolve(hparams_set, FLAGS.hparams, FLAGS.output_dir,
                                      FLAGS.allow_hparams_change)
   hparams.model = FLAGS.model
   data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
@@ -81,7 +85,7 @@ def main() -> None:
   vocab_size = problem.vocab_size_in(data_dir)
   params = rundir.parameter_count(hparams, vocab_size)
   accumulators = params * 4 if plan.accumulate_steps > 1 else 0
-  summary = [f"hparams set: {registry.hparams_sets.canonical(FLAGS.hparams_set)}"
+  summary = [f"hparams set: {registry.hparams_sets.canonical(hparams_set)}"
              + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
              f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
              f"parameters: {params:,} ({_format_bytes(params * 4)} float32)",
@@ -103,7 +107,7 @@ def main() -> None:
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   if is_chief:
     rundir.write_meta(FLAGS.output_dir, {
-        "hparams_set": registry.hparams_sets.canonical(FLAGS.hparams_set),
+        "hparams_set": registry.hparams_sets.canonical(hparams_set),
         "problem": problem.name, "data_dir": os.path.abspath(data_dir),
         "vocab_size": vocab_size, "hparams": hparams.values()})
   print("\n".join(summary), flush=True)
