@@ -95,10 +95,11 @@ def test_decoder_keeps_order_and_empty_lines(tiny_run, tmp_path):
   (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
   (tmp_path / "rev.txt").write_text("\n".join(reversed(lines)) + "\n")
   for name in ("in", "rev"):
-    cli("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}",
+    result = cli("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}",
         # One sentence per batch: each line's translation cannot depend on its neighbours.
         "--decode_hparams=beam_size=2,batch_size=1", f"--decode_from_file={tmp_path / name}.txt",
         f"--decode_to_file={tmp_path / name}.out", check=True)
+    assert "only the first 64 are translated" in result.stderr
   out = (tmp_path / "in.out").read_text().split("\n")
   rev = (tmp_path / "rev.out").read_text().split("\n")
   assert len(out) == len(lines) + 1 and out[-1] == ""

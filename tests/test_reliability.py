@@ -127,3 +127,20 @@ def test_same_seed_same_losses(multi30k_data, tmp_path):
         f"--output_dir={tmp_path / name}", check=True)
     runs.append([v for _, v in _scalars(str(tmp_path / name / "train"))["loss"]])
   assert len(runs[0]) == 3 and runs[0] == runs[1]
+
+
+def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
+  import shutil
+  from t2t_lite import registry
+  data_dir = tmp_path / "data"
+  shutil.copytree(multi30k_data, data_dir)
+  shard = sorted(data_dir.glob("translate_ende_multi30k-train-*"))[1]
+  os.remove(shard)
+  result = cli("t2t-lite-trainer", *FLAGS, f"--data_dir={data_dir}",
+               f"--output_dir={tmp_path / 'run'}")
+  assert result.returncode == 2
+  assert f"data file {shard} listed in the manifest is missing" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "run").exists()
+  problem = registry.problem("translate_ende_multi30k")
+  assert problem.vocab_size_in(str(data_dir)) == 8000

@@ -103,7 +103,8 @@ def main() -> None:
     tf.config.experimental.enable_op_determinism()
   tf.keras.utils.set_random_seed(FLAGS.random_seed)
   from t2t_lite import train
-  problem.manifest(data_dir)  # a clear error before anything is written
+  for split in ("train", "dev"):  # a clear error before anything is written
+    problem.data_files(data_dir, split)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   if is_chief:
     rundir.write_meta(FLAGS.output_dir, {

@@ -1,0 +1,66 @@
+"""Mixed precision: low-precision compute, float32 weights, loss and accumulators."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_lite import learner as learner_lib
+from t2t_lite.models import transformer
+from test_multistep import VOCAB, no_dropout, ragged_batches
+
+
+def _force(monkeypatch, dtype):
+  """Pretend this machine runs `dtype` natively (bfloat16 CPU, or float16 as on a GPU)."""
+  forced = lambda hparams: dtype if hparams.mixed_precision else tf.float32  # noqa: E731
+  monkeypatch.setattr(transformer, "compute_dtype", forced)
+  monkeypatch.setattr(learner_lib, "compute_dtype", forced)
+
+
+def _cosine(a, b):
+  a = np.concatenate([x.numpy().ravel() for x in a])
+  b = np.concatenate([x.numpy().ravel() for x in b])
+  return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_low_precision_compute_keeps_float32_state(monkeypatch, dtype):
+  _force(monkeypatch, dtype)
+  batches = ragged_batches(4, seed=12)
+  full = learner_lib.Learner(no_dropout(), VOCAB, accumulate_steps=2, seed=3)
+  mixed = learner_lib.Learner(no_dropout(mixed_precision=True), VOCAB, accumulate_steps=2,
+                              seed=3)
+  assert mixed.model.dtype == dtype and full.model.dtype == tf.float32
+  assert all(v.dtype == tf.float32 for v in mixed.variables)
+  assert all(a.dtype == tf.float32 for a in mixed.accumulator.gradients)
+  assert (mixed.loss_scale is not None) == (dtype == tf.float16)
+
+  grads_full, loss_full, _ = full._gradients(batches[0])
+  grads_mixed, loss_mixed, _ = mixed._gradients(batches[0])
+  assert loss_mixed.dtype == tf.float32
+  assert float(loss_mixed) == pytest.approx(float(loss_full), rel=0.02)
+  assert _cosine(grads_mixed, grads_full) > 0.99
+  for batch in batches:
+    stats = mixed.step(batch)
+  assert bool(stats["finite"]) and int(mixed.update_step.numpy()) == 2
+
+
+def test_float16_overflow_halves_the_loss_scale_and_skips(monkeypatch):
+  _force(monkeypatch, tf.float16)
+  mixed = learner_lib.Learner(no_dropout(mixed_precision=True), VOCAB, accumulate_steps=1,
+                              seed=3, nan_micro_steps=(2,))
+  batches = ragged_batches(3, seed=2)
+  scale = float(mixed.loss_scale.numpy())
+  assert bool(mixed.step(batches[0])["finite"])
+  assert not bool(mixed.step(batches[1])["finite"])
+  assert float(mixed.loss_scale.numpy()) == scale / 2
+  assert int(mixed.skipped_updates.numpy()) == 1 and int(mixed.update_step.numpy()) == 1
+  assert bool(mixed.step(batches[2])["finite"])
+
+
+def test_without_native_bfloat16_the_cpu_stays_float32(monkeypatch):
+  monkeypatch.setattr(transformer, "cpu_has_fast_bfloat16", lambda: False)
+  if tf.config.list_logical_devices("GPU"):
+    pytest.skip("needs a machine without a GPU: with one, mixed precision is float16")
+  assert transformer.compute_dtype(no_dropout(mixed_precision=True)) == tf.float32
+  monkeypatch.setattr(transformer, "cpu_has_fast_bfloat16", lambda: True)
+  assert transformer.compute_dtype(no_dropout(mixed_precision=True)) == tf.bfloat16
