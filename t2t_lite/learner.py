@@ -101,13 +101,16 @@ class Learner:
         poisoned = tf.reduce_any(tf.equal(self.micro_step + 1, self.nan_micro_steps))
         scaled = scaled * tf.where(poisoned, float("nan"), 1.0)
       if self.loss_scale is not None:
-        scaled = scaled * self.loss_scale
+        # Scale the per-token mean, not the sum: a summed loss times 2^15 would overflow
+        # float16. The factor is undone exactly below, in float32.
+        scale = self.loss_scale / tf.maximum(tokens, 1.0)
+        scaled = scaled * scale
     grads = tape.gradient(scaled, self.variables)
     # Embedding gradients arrive as IndexedSlices; densify so every path (n = 1 or n > 1)
     # gives Adam the same dense gradient with duplicate ids summed.
     grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
     if self.loss_scale is not None:
-      grads = [g / self.loss_scale for g in grads]
+      grads = [g / scale for g in grads]
     return grads, loss, tokens
 
   def _accumulate(self, batch):
