@@ -182,13 +182,12 @@ class Trainer:
     results = {"dev_loss": self.dev_loss()}
     if self.options.eval_bleu_sentences > 0:
       results["dev_bleu"] = self.dev_bleu()
-    if self.is_chief:
-      with self.eval_writer.as_default(step=update):
-        for name, value in results.items():
-          tf.summary.scalar(name, value)
-      if results.get("dev_bleu", -1.0) > self.best_bleu:
-        self.best_bleu = results["dev_bleu"]
-        self._save_best(update)
+    with self.eval_writer.as_default(step=update):
+      for name, value in results.items():
+        tf.summary.scalar(name, value)
+    if results.get("dev_bleu", -1.0) > self.best_bleu:
+      self.best_bleu = results["dev_bleu"]
+      self._save_best(update)
     logging.info("eval at update %d: %s (%.1fs)", update,
                  ", ".join(f"{k} {v:.4f}" for k, v in results.items()), time.time() - start)
     return results
@@ -213,9 +212,8 @@ class Trainer:
 
   def train(self) -> dict:
     """Runs updates until --train_steps, the time budget, or a signal; returns a summary."""
-    plan, options, learner = self.plan, self.options, self.learner
     self.restore()
-    for line in plan.lines():
+    for line in self.plan.lines():
       logging.info("%s", line)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:
@@ -280,18 +278,19 @@ class Trainer:
                      "%.0f tokens/update, ETA %s", update, plan.train_steps, micro_step, loss,
                      float(stats["learning_rate"]), tokens_per_second,
                      window_tokens / window_updates, format_duration(remaining))
-        if self.is_chief:
-          with self.train_writer.as_default(step=update):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("learning_rate", stats["learning_rate"])
-            tf.summary.scalar("grad_norm", stats["grad_norm"])
-            tf.summary.scalar("tokens_per_second", tokens_per_second)
-            tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
+        with self.train_writer.as_default(step=update):  # a no-op writer off the chief
+          tf.summary.scalar("loss", loss)
+          tf.summary.scalar("learning_rate", stats["learning_rate"])
+          tf.summary.scalar("grad_norm", stats["grad_norm"])
+          tf.summary.scalar("tokens_per_second", tokens_per_second)
+          tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
         window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
+      pause = time.time()
       if update % options.save_checkpoints_steps == 0:
         self.save()
       if options.local_eval_frequency and update % options.local_eval_frequency == 0:
         self.evaluate(update)
+      window_start += time.time() - pause  # tokens/s counts training time only
       if deadline is not None and time.time() >= deadline and update < plan.train_steps:
         stop_reason = f"time budget of {options.train_minutes:g} minutes reached"
         break
