@@ -101,25 +101,23 @@ def worker_train(spec: dict) -> dict:
 
 def worker_keras(spec: dict) -> dict:
   """Keras 3 Adam(gradient_accumulation_steps=n) against ours, on ragged micro-batches."""
-  import numpy as np
   tf = _tf()
   import keras
-  sys.path.insert(0, os.path.join(REPO, "tests"))
-  from conftest import tiny_hparams
-  from test_multistep import VOCAB, concat, ragged_batches, relative_difference
+  from t2t_lite import registry
+  from t2t_lite.equivalence import concat, ragged_batches, relative_difference
   from t2t_lite.learner import Learner
-  n, updates, lr = 4, 3, 1e-4
-  hparams = tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,
-                         relu_dropout=0.0, learning_rate_schedule="constant",
-                         learning_rate_constant=lr)
-  micro = ragged_batches(n * updates, seed=1)
-  big = Learner(hparams, VOCAB, 1, seed=3)
-  ours = Learner(hparams, VOCAB, n, seed=3)
+  n, updates, lr, vocab = 4, 3, 1e-4, 60
+  hparams = registry.hparams("transformer_tiny")
+  hparams.parse(f"layer_prepostprocess_dropout=0,attention_dropout=0,relu_dropout=0,"
+                f"learning_rate_schedule=constant,learning_rate_constant={lr}")
+  micro = ragged_batches(n * updates, vocab, seed=1)
+  big = Learner(hparams, vocab, 1, seed=3)
+  ours = Learner(hparams, vocab, n, seed=3)
   for u in range(updates):
     big.step(concat(micro[n * u:n * u + n]))
   for batch in micro:
     ours.step(batch)
-  host = Learner(hparams, VOCAB, 1, seed=3)  # the same model, trained by Keras's optimizer
+  host = Learner(hparams, vocab, 1, seed=3)  # the same model, trained by Keras's optimizer
   variables = host.variables
   optimizer = keras.optimizers.Adam(learning_rate=lr, beta_1=0.9, beta_2=0.997, epsilon=1e-9,
                                     gradient_accumulation_steps=n)
@@ -204,7 +202,7 @@ def worker_decode(spec: dict) -> dict:
 
 def worker_pipeline(spec: dict) -> dict:
   """Examples per second the tf.data pipeline delivers for transformer_multi30k_cpu."""
-  tf = _tf()
+  _tf()
   from t2t_lite import data, registry
   hparams = registry.hparams("transformer_multi30k_cpu")
   files = registry.problem("translate_ende_multi30k").data_files(spec["data_dir"], "train")

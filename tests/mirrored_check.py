@@ -12,7 +12,8 @@ from t2t_lite.distribute import split_cpu  # noqa: E402
 split_cpu(2)
 from conftest import tiny_hparams  # noqa: E402
 from t2t_lite.learner import Learner  # noqa: E402
-from test_multistep import VOCAB, concat, ragged_batches, relative_difference  # noqa: E402
+from t2t_lite.equivalence import concat, ragged_batches, relative_difference  # noqa: E402
+from test_multistep import VOCAB  # noqa: E402
 
 hparams = tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,
                        relu_dropout=0.0, learning_rate_schedule="constant",

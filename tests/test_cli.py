@@ -1,7 +1,5 @@
 """The real t2t-lite-trainer in a subprocess: dry-run figures, usage errors and exit codes."""
 
-import os
-
 import pytest
 
 from conftest import cli

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from conftest import cli, multi30k_dir, tiny_hparams
 from t2t_lite import data, registry

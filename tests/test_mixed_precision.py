@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from t2t_lite import learner as learner_lib
 from t2t_lite.models import transformer
-from test_multistep import VOCAB, no_dropout, ragged_batches
+from t2t_lite.equivalence import ragged_batches
+from test_multistep import VOCAB, no_dropout
 
 
 def _force(monkeypatch, dtype):

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from conftest import tiny_hparams
 from t2t_lite import optimize, registry
+from t2t_lite.equivalence import concat, ragged_batches, relative_difference
 from t2t_lite.learner import Learner
 from t2t_lite.steps import plan
 from t2t_lite.errors import UsageError
@@ -13,40 +14,9 @@ from t2t_lite.errors import UsageError
 VOCAB = 60
 
 
-def ragged_batches(count, seed=0):
-  """Micro-batches with different shapes and different numbers of target tokens."""
-  rng = np.random.RandomState(seed)
-  batches = []
-  for _ in range(count):
-    rows, src_len, tgt_len = rng.randint(2, 5), rng.randint(3, 12), rng.randint(3, 12)
-    inputs = rng.randint(3, VOCAB, size=(rows, src_len)).astype(np.int32)
-    targets = rng.randint(3, VOCAB, size=(rows, tgt_len)).astype(np.int32)
-    for row in range(rows):
-      inputs[row, rng.randint(1, src_len + 1):] = 0
-      targets[row, rng.randint(1, tgt_len + 1):] = 0
-    inputs[0, :], targets[0, :] = np.maximum(inputs[0], 3), np.maximum(targets[0], 3)
-    batches.append({"inputs": tf.constant(inputs), "targets": tf.constant(targets)})
-  return batches
-
-
-def concat(batches):
-  """One batch holding the same sentences, padded to the longest."""
-  out = {}
-  for name in ("inputs", "targets"):
-    width = max(b[name].shape[1] for b in batches)
-    out[name] = tf.concat([tf.pad(b[name], [[0, 0], [0, width - b[name].shape[1]]])
-                           for b in batches], axis=0)
-  return out
-
-
 def no_dropout(**overrides):
   return tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,
                       relu_dropout=0.0, **overrides)
-
-
-def relative_difference(a, b):
-  scale = max(float(tf.reduce_max(tf.abs(v))) for v in b.variables)
-  return max(float(tf.reduce_max(tf.abs(x - y))) for x, y in zip(a.variables, b.variables)) / scale
 
 
 class PerMicroBatchMean(Learner):

@@ -1,0 +1,36 @@
+"""`make bench` code on a tiny configuration (the benchmarks themselves are not tests)."""
+
+from t2t_lite import bench
+
+
+def test_train_worker_reports_memory_speed_and_state_bytes():
+  spec = {"kind": "train", "hparams_set": "transformer_tiny", "rows": 4, "length": 8,
+          "vocab": 100, "n": 2, "warmup_micro_steps": 2, "micro_steps": 2}
+  result = bench.run_worker(spec)
+  assert "error" not in result, result
+  assert result["tokens_per_second"] > 0 and result["peak_rss_mib"] > 100
+  assert result["accumulators_mib"] == result["parameters_mib"] > 0
+  assert result["adam_slots_mib"] == 2 * result["parameters_mib"]
+
+
+def test_table_judges_the_memory_target():
+  state = {"parameters_mib": 10.0, "adam_slots_mib": 20.0}
+  results = {
+      "memory/transformer_multi30k_cpu/n=1": {"peak_rss_mib": 1000.0, **state,
+                                              "accumulators_mib": 0.0},
+      "memory/transformer_multi30k_cpu/n=2": {"peak_rss_mib": 1055.0, **state,
+                                              "accumulators_mib": 10.0},
+      "memory/transformer_multi30k_cpu/n=4": {"peak_rss_mib": 1070.0, **state,
+                                              "accumulators_mib": 10.0},
+  }
+  text = bench.table(results)
+  assert "peak RSS at n=2 | 1055 MiB (+55 vs n=1; target <= +60: within target)" in text
+  assert "peak RSS at n=4 | 1070 MiB (+70 vs n=1; target <= +60: OVER target)" in text
+
+
+def test_flop_count_of_a_batch():
+  from t2t_lite import registry
+  hparams = registry.hparams("transformer_multi30k_cpu")
+  flops = bench.matmul_flops_per_batch(hparams, 8000, 128, 32, 32)
+  # about 6 x (non-embedding parameters + softmax) x tokens, plus attention
+  assert 1.8e11 < flops < 2.0e11
