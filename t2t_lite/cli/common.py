@@ -73,6 +73,9 @@ def run(main, program: str) -> None:
       _fail(program, err)
     except OSError as err:
       _fail(program, RunError(f"{err}"))
+    except KeyboardInterrupt:
+      print(f"{program}: interrupted", file=sys.stderr)
+      sys.exit(130)
 
   app.run(wrapped, flags_parser=parse)
 
