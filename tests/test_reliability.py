@@ -144,3 +144,21 @@ def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
   assert not (tmp_path / "run").exists()
   problem = registry.problem("translate_ende_multi30k")
   assert problem.vocab_size_in(str(data_dir)) == 8000
+
+
+def test_ctrl_c_saves_mid_accumulation_and_exits_cleanly(multi30k_data, tmp_path):
+  output_dir = str(tmp_path / "run")
+  flags = [f for f in FLAGS if f != "--train_steps=6"] + ["--train_steps=1000"]
+  process = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *flags,
+                              f"--data_dir={multi30k_data}", f"--output_dir={output_dir}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  for line in process.stderr:
+    if "update 2/1000" in line:
+      process.send_signal(signal.SIGINT)
+      break
+  out, err = process.communicate(timeout=120)
+  assert process.returncode == 0, err[-2000:]
+  assert "stopped: signal 2" in err
+  micro_step = int(out.split(" micro-steps)")[0].rsplit("(", 1)[1])
+  assert micro_step >= 8
+  assert tf.train.latest_checkpoint(output_dir).endswith(f"ckpt-{micro_step}")
