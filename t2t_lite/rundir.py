@@ -15,6 +15,7 @@ from t2t_lite.errors import UsageError
 from t2t_lite.hparams import HParams
 
 META_FILE = "hparams.json"
+DEFAULT_SET = "transformer_multi30k_cpu"
 
 
 def read_meta(output_dir: str) -> dict | None:
@@ -37,18 +38,23 @@ def write_meta(output_dir: str, meta: dict) -> None:
   os.replace(tmp, path)
 
 
-def resolve(hparams_set: str, overrides: str, output_dir: str | None,
-            allow_change: bool = False) -> tuple[HParams, dict | None]:
-  """The run's hparams and the previous run's record (None for a new run)."""
-  hparams = registry.hparams(hparams_set)
+def resolve(hparams_set: str | None, overrides: str, output_dir: str | None,
+            allow_change: bool = False) -> tuple[HParams, dict | None, str]:
+  """(hparams, the previous run's record or None, the canonical set name).
+
+  Without `hparams_set`, a resumed run keeps its recorded set and a new run takes
+  DEFAULT_SET.
+  """
   previous = read_meta(output_dir) if output_dir else None
+  old_set = (previous or {}).get("hparams_set")
+  name = registry.hparams_sets.canonical(hparams_set or old_set or DEFAULT_SET)
+  hparams = registry.hparams(name)
   if previous is not None:
-    old_set = previous.get("hparams_set")
-    if old_set != registry.hparams_sets.canonical(hparams_set) and not allow_change:
+    if old_set != name and not allow_change:
       raise UsageError(f"{output_dir} was trained with --hparams_set={old_set}, not "
                        f"{hparams_set}; use another --output_dir, or pass "
                        "--allow_hparams_change to continue with the new set")
-    if old_set == registry.hparams_sets.canonical(hparams_set):
+    if old_set == name:
       hparams.override_from_dict(previous.get("hparams", {}))
   recorded = hparams.values()
   applied = hparams.parse(overrides)
@@ -58,7 +64,7 @@ def resolve(hparams_set: str, overrides: str, output_dir: str | None,
       detail = ", ".join(f"{k}={new!r} (recorded {old!r})" for k, (old, new) in changed.items())
       raise UsageError(f"{output_dir} was trained with other values: {detail}; use another "
                        "--output_dir, or pass --allow_hparams_change to accept the change")
-  return hparams, previous
+  return hparams, previous, name
 
 
 def model_from_run(output_dir: str, data_dir: str | None = None):

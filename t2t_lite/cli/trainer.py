@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from absl import flags
 
@@ -62,11 +61,8 @@ def main() -> None:
     common.check_writable_dir(FLAGS.output_dir, "output_dir")
   registry.models.canonical(FLAGS.model)
   problem = registry.problem(FLAGS.problem)
-  recorded = rundir.read_meta(FLAGS.output_dir) if FLAGS.output_dir else None
-  hparams_set = FLAGS.hparams_set or (recorded or {}).get("hparams_set",
-                                                         "transformer_multi30k_cpu")
-  hparams, previous = rundir.resolve(hparams_set, FLAGS.hparams, FLAGS.output_dir,
-                                     FLAGS.allow_hparams_change)
+  hparams, previous, hparams_set = rundir.resolve(
+      FLAGS.hparams_set, FLAGS.hparams, FLAGS.output_dir, FLAGS.allow_hparams_change)
   hparams.model = FLAGS.model
   data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
   if not FLAGS.dry_run:
@@ -85,7 +81,7 @@ def main() -> None:
   vocab_size = problem.vocab_size_in(data_dir)
   params = rundir.parameter_count(hparams, vocab_size)
   accumulators = params * 4 if plan.accumulate_steps > 1 else 0
-  summary = [f"hparams set: {registry.hparams_sets.canonical(hparams_set)}"
+  summary = [f"hparams set: {hparams_set}"
              + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
              f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
              f"parameters: {params:,} ({_format_bytes(params * 4)} float32)",
@@ -108,7 +104,7 @@ def main() -> None:
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   if is_chief:
     rundir.write_meta(FLAGS.output_dir, {
-        "hparams_set": registry.hparams_sets.canonical(hparams_set),
+        "hparams_set": hparams_set,
         "problem": problem.name, "data_dir": os.path.abspath(data_dir),
         "vocab_size": vocab_size, "hparams": hparams.values()})
   print("\n".join(summary), flush=True)
@@ -125,7 +121,6 @@ def main() -> None:
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
         f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
         f"{result['checkpoint']}", flush=True)
-  sys.stdout.flush()
 
 
 def run() -> None:
