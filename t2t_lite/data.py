@@ -48,9 +48,15 @@ def _length(example):
   return tf.maximum(tf.shape(example["inputs"])[0], tf.shape(example["targets"])[0])
 
 
-def examples(files: list[str], max_length: int) -> tf.data.Dataset:
-  """Parsed examples of `files`, in file order, without pairs longer than `max_length`."""
+def examples(files: list[str], max_length: int,
+             shard: tuple[int, int] | None = None) -> tf.data.Dataset:
+  """Parsed examples of `files`, in file order, without pairs longer than `max_length`.
+
+  `shard` = (index, count) keeps every count-th record from index, before parsing.
+  """
   dataset = tf.data.TFRecordDataset(files)
+  if shard is not None and shard[1] > 1:
+    dataset = dataset.shard(shard[1], shard[0])
   dataset = dataset.map(parse_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return dataset.filter(lambda ex: _length(ex) <= max_length)
 
@@ -70,9 +76,7 @@ def train_dataset(files: list[str], hparams, seed: int, batch_size: int | None =
 
   `shard` = (index, count) splits the examples between input pipelines (workers).
   """
-  dataset = examples(files, hparams.max_length)
-  if shard is not None and shard[1] > 1:
-    dataset = dataset.shard(shard[1], shard[0])
+  dataset = examples(files, hparams.max_length, shard)
   dataset = dataset.shuffle(hparams.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
   dataset = dataset.repeat()
   dataset = batched(dataset, batch_size or hparams.batch_size, hparams.max_length,

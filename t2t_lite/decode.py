@@ -111,12 +111,14 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
 
   def cond(i, alive_seq, alive_logp, finished_seq, finished_scores, finished_flags, last,
            cache):
+    # tensor2tensor's bound: stop when no alive hypothesis, even at the longest length's
+    # penalty, can beat the lowest-scoring finished one (rows with none finished go on).
     best_alive = alive_logp[:, 0] / max_penalty
-    worst_finished = tf.reduce_min(
+    lowest_finished = tf.reduce_min(
         tf.where(finished_flags, finished_scores, tf.fill(tf.shape(finished_scores), INF)),
         axis=1)
-    worst_finished = tf.where(tf.reduce_all(finished_flags, axis=1), worst_finished, -INF)
-    return (i < decode_length) & ~tf.reduce_all(worst_finished > best_alive)
+    lowest_finished = tf.where(tf.reduce_any(finished_flags, axis=1), lowest_finished, -INF)
+    return (i < decode_length) & ~tf.reduce_all(lowest_finished > best_alive)
 
   loop_vars = (tf.constant(0), alive_seq, alive_logp, finished_seq, finished_scores,
                finished_flags, last, cache)

@@ -31,8 +31,8 @@ def cluster_resolver():
                    "data_scripts/local_workers.sh) or run inside a Slurm allocation")
 
 
-def make_strategy(name: str, cpu_replicas: int = 1) -> tuple[tf.distribute.Strategy, bool]:
-  """(strategy, is_chief). Call before any other TensorFlow work."""
+def make_strategy(name: str, cpu_replicas: int = 1) -> tuple[tf.distribute.Strategy, bool, str]:
+  """(strategy, is_chief, this task's name). Call before any other TensorFlow work."""
   if name not in STRATEGIES:
     raise UsageError(f"--strategy={name} is not one of {', '.join(STRATEGIES)}")
   if name == "multi_worker":
@@ -41,15 +41,15 @@ def make_strategy(name: str, cpu_replicas: int = 1) -> tuple[tf.distribute.Strat
     task_type, task_id = resolver.task_type, resolver.task_id
     is_chief = task_type in ("chief", None) or (
         task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs)
-    return strategy, is_chief
+    return strategy, is_chief, f"{task_type}-{task_id}"
   split_cpu(cpu_replicas)
   gpus = tf.config.list_logical_devices("GPU")
   if name == "mirrored" or (name == "auto" and len(gpus) > 1):
     devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
     strategy = tf.distribute.MirroredStrategy(devices)
     logging.info("MirroredStrategy over %s", devices)
-    return strategy, True
-  return tf.distribute.get_strategy(), True
+    return strategy, True, "chief"
+  return tf.distribute.get_strategy(), True, "chief"
 
 
 def planned_replicas(name: str, cpu_replicas: int = 1) -> int:

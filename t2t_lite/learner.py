@@ -56,8 +56,8 @@ class Learner:
         self.loss_scale = tf.Variable(2.0 ** 15, trainable=False, name="loss_scale",
                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self.good_updates = tf.Variable(0, name="good_updates", **counter)
-    distributed = self.replicas > 1 or tf.distribute.has_strategy()
-    signature = None if distributed else [BATCH_SPEC]
+    # Per-replica inputs are DistributedValues, which a TensorSpec signature cannot take.
+    signature = None if self.replicas > 1 else [BATCH_SPEC]
     compile_fn = lambda fn: tf.function(fn, input_signature=signature,  # noqa: E731
                                         reduce_retracing=True)
     self.micro_step_fn = compile_fn(self._distributed_micro_step)
@@ -159,8 +159,12 @@ class Learner:
     tf.cond(finite, apply, skip)
     if self.loss_scale is not None:
       self._adjust_loss_scale(finite)
+    # Under float16 loss scaling, a finite loss with a non-finite gradient is an overflow
+    # that the scale adjustment handles, not a sign of a diverging run.
+    overflow = (tf.math.is_finite(loss_sum) & ~finite if self.loss_scale is not None
+                else tf.constant(False))
     return {"loss": loss_sum / denominator, "grad_norm": norm, "learning_rate": lr,
-            "tokens": tokens, "finite": finite}
+            "tokens": tokens, "finite": finite, "overflow": overflow}
 
   def _adjust_loss_scale(self, finite):
     """Dynamic loss scaling: halve on overflow, double after 2000 good updates."""

@@ -67,7 +67,7 @@ def resolve(hparams_set: str | None, overrides: str, output_dir: str | None,
   return hparams, previous, name
 
 
-def model_from_run(output_dir: str, data_dir: str | None = None):
+def model_from_run(output_dir: str):
   """(hparams, meta) recorded in a run directory, for decoding and averaging."""
   meta = read_meta(output_dir)
   if meta is None:

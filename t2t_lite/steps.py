@@ -30,10 +30,6 @@ class BatchPlan:
   def micro_steps(self) -> int:
     return self.train_steps * self.accumulate_steps
 
-  def update_of(self, micro_step: int) -> int:
-    """Updates completed after `micro_step` micro-steps."""
-    return micro_step // self.accumulate_steps
-
   def lines(self) -> list[str]:
     out = [
         f"batch_size per replica and micro-step: {self.batch_size} tokens",

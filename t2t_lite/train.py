@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite import data as data_lib
-from t2t_lite.errors import RunError
+from t2t_lite.errors import RunError, UsageError
 from t2t_lite.learner import Learner
 from t2t_lite.steps import BatchPlan
 
@@ -56,7 +55,8 @@ class Trainer:
   """Trains one problem's model in `output_dir`, resuming from it when it holds checkpoints."""
 
   def __init__(self, hparams, problem, plan: BatchPlan, options: RunOptions,
-               strategy: tf.distribute.Strategy | None = None, is_chief: bool = True):
+               strategy: tf.distribute.Strategy | None = None, is_chief: bool = True,
+               worker_name: str = "worker"):
     self.hparams, self.problem, self.plan, self.options = hparams, problem, plan, options
     self.strategy = strategy or tf.distribute.get_strategy()
     self.is_chief = is_chief
@@ -67,14 +67,19 @@ class Trainer:
     self.dev_files = problem.data_files(options.data_dir, "dev")
     self.iterators = self._make_iterators(self._train_files)
     self.checkpoint = tf.train.Checkpoint(**self.iterators, **self.learner.trackables())
-    self._worker_dir = None if is_chief else os.path.join(
-        options.output_dir, f"tmp_worker_{os.getpid()}")
-    self.manager = tf.train.CheckpointManager(self.checkpoint,
-                                              self._worker_dir or options.output_dir,
+    # Every worker takes part in a save (reading the accumulators is a collective). The
+    # chief writes output_dir; the others keep their own (their data iterators differ) in
+    # output_dir/workers/<task>, and each resumes from its own directory.
+    directory = (options.output_dir if is_chief
+                 else os.path.join(options.output_dir, "workers", worker_name))
+    self.manager = tf.train.CheckpointManager(self.checkpoint, directory,
                                               max_to_keep=options.keep_checkpoint_max)
+    self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    self._last_saved = None
     self.best_bleu = self._read_best()
     self._stop_signal = None
     self._saves = 0
+    self._bleu_inputs = None
     if is_chief:
       self.train_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "train"))
       self.eval_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "eval"))
@@ -106,12 +111,16 @@ class Trainer:
   # --- checkpoints -------------------------------------------------------------------
   def restore(self) -> bool:
     """Restores the newest readable checkpoint; falls back to older ones if it is damaged."""
-    # Every worker restores from output_dir (non-chief workers save elsewhere and discard).
-    state = tf.train.get_checkpoint_state(self.options.output_dir)
+    state = tf.train.get_checkpoint_state(self.manager.directory)
     candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
     for index, path in enumerate(candidates):
       try:
         self.checkpoint.restore(path).assert_existing_objects_matched()
+      except AssertionError as err:  # readable, but written by another setup
+        raise UsageError(
+            f"checkpoint {path} does not match this run (replicas, accumulate steps or "
+            f"precision differ: {str(err).splitlines()[0][:160]}); resume with the settings "
+            "it was written with, or use a new --output_dir") from None
       except Exception as err:  # a damaged file surfaces as many error types  # noqa: BLE001
         reason = str(err).strip().splitlines()[0][:200]
         fallback = candidates[index + 1] if index + 1 < len(candidates) else None
@@ -119,6 +128,7 @@ class Trainer:
                         f"falling back to {fallback}" if fallback else "no older one left")
         continue
       self.learner.forget_host_counters()
+      self._last_saved = int(self.learner.micro_step.numpy())
       logging.info("resumed from %s: update %d, micro-step %d", path,
                    int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
       return True
@@ -129,8 +139,7 @@ class Trainer:
 
   def save(self) -> str:
     micro_step = int(self.learner.micro_step.numpy())
-    if self.manager.latest_checkpoint and self.manager.latest_checkpoint.endswith(
-        f"-{micro_step}"):
+    if micro_step == self._last_saved:
       return self.manager.latest_checkpoint
     if _FAULT == f"save:{self._saves + 1}":
       # Fault injection (tests): die after the files are written, before the checkpoint
@@ -139,9 +148,7 @@ class Trainer:
       os.kill(os.getpid(), signal.SIGKILL)
     self._saves += 1
     path = self.manager.save(checkpoint_number=micro_step)
-    if self._worker_dir:  # non-chief workers take part in the save, then discard it
-      shutil.rmtree(self._worker_dir, ignore_errors=True)
-      return ""
+    self._last_saved = micro_step
     logging.info("saved %s (update %d, micro-step %d)", path,
                  int(self.learner.update_step.numpy()), micro_step)
     return path
@@ -167,13 +174,16 @@ class Trainer:
 
   def dev_bleu(self) -> float:
     from t2t_lite import decode
-    sentences = self.options.eval_bleu_sentences
-    pairs = list(data_lib.text_examples(self.dev_files).take(sentences).as_numpy_iterator())
-    decoder = decode.Decoder(self.learner.model, self.hparams.max_length)
-    hyps = decoder.translate_ids([ids for ids, _ in pairs], beam_size=self.options.eval_beam_size,
-                                 alpha=0.6, batch_size=64)
-    return decode.bleu([self.vocab.decode(h) for h in hyps],
-                       [ref.decode("utf-8") for _, ref in pairs]).score
+    if self._bleu_inputs is None:  # read once; the compiled search is reused too
+      pairs = list(data_lib.text_examples(self.dev_files)
+                   .take(self.options.eval_bleu_sentences).as_numpy_iterator())
+      self._bleu_inputs = ([list(ids) for ids, _ in pairs],
+                           [ref.decode("utf-8") for _, ref in pairs],
+                           decode.Decoder(self.learner.model, self.hparams.max_length))
+    sources, references, decoder = self._bleu_inputs
+    hyps = decoder.translate_ids(sources, beam_size=self.options.eval_beam_size, alpha=0.6,
+                                 batch_size=64)
+    return decode.bleu([self.vocab.decode(h) for h in hyps], references).score
 
   def evaluate(self, update: int) -> dict:
     if not self.is_chief:
@@ -210,14 +220,25 @@ class Trainer:
     self._stop_signal = signum
     logging.warning("received signal %d: finishing this micro-step and saving", signum)
 
+  def _agreed_stop(self, out_of_time: bool) -> bool:
+    """Whether to stop after this update. Workers decide together (a worker that stopped
+    alone would leave the others waiting in the next collective)."""
+    local = out_of_time or self._stop_signal is not None
+    if not self._multi_worker:
+      return local
+    flags = self.strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(1.0 if local else 0.0))
+    return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)) > 0
+
   def train(self) -> dict:
     """Runs updates until --train_steps, the time budget, or a signal; returns a summary."""
     self.restore()
     for line in self.plan.lines():
       logging.info("%s", line)
-    probe = data_lib.train_dataset(self._train_files, self.hparams, self.options.seed)
-    logging.info("input: %.1f%% of the token slots of the first 50 batches are padding",
-                 100 * data_lib.padding_fraction(probe, limit=50))
+    if self.is_chief:
+      probe = data_lib.train_dataset(self._train_files, self.hparams, self.options.seed)
+      logging.info("input: %.1f%% of the token slots of the first 20 batches are padding",
+                   100 * data_lib.padding_fraction(probe, limit=20))
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:
       signal.signal(s, self._on_signal)
@@ -237,7 +258,7 @@ class Trainer:
     window_loss = 0.0
     stop_reason = "train_steps reached"
     while update < plan.train_steps:
-      if self._stop_signal is not None:
+      if self._stop_signal is not None and not self._multi_worker:
         stop_reason = f"signal {self._stop_signal}"
         break
       if options.stop_after_micro_steps and micro_step >= options.stop_after_micro_steps:
@@ -248,6 +269,10 @@ class Trainer:
       if _FAULT == f"micro:{micro_step}":  # fault injection (tests): die mid-accumulation
         os.kill(os.getpid(), signal.SIGKILL)
       if stats is None:
+        continue
+      if not bool(stats["finite"]) and bool(stats["overflow"]):
+        logging.info("float16 overflow at update %d: update skipped, loss scale lowered to %g",
+                     update + 1, float(learner.loss_scale.numpy()))
         continue
       if not bool(stats["finite"]):
         consecutive_nonfinite += 1
@@ -294,8 +319,10 @@ class Trainer:
       if options.local_eval_frequency and update % options.local_eval_frequency == 0:
         self.evaluate(update)
       window_start += time.time() - pause  # tokens/s counts training time only
-      if deadline is not None and time.time() >= deadline and update < plan.train_steps:
-        stop_reason = f"time budget of {options.train_minutes:g} minutes reached"
+      out_of_time = deadline is not None and time.time() >= deadline
+      if update < plan.train_steps and self._agreed_stop(out_of_time):
+        stop_reason = (f"time budget of {options.train_minutes:g} minutes reached"
+                       if out_of_time else f"signal {self._stop_signal}")
         break
     path = self.save()
     self.train_writer.flush()

@@ -73,8 +73,25 @@ def test_two_workers_match_two_mirrored_replicas(multi30k_data, tmp_path):
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst
   written = sorted(os.listdir(workers_dir))
-  assert not [f for f in written if f.startswith("tmp_worker")], written
-  assert "ckpt-4.index" in written
+  assert "ckpt-4.index" in written and "hparams.json" in written
+  # the other worker keeps its own checkpoints (its data iterator) apart from the chief's
+  assert sorted(os.listdir(os.path.join(workers_dir, "workers"))) == ["worker-1"]
+  assert not os.path.exists(os.path.join(workers_dir, "workers", "worker-1", "train"))
+
+  # Resume both workers for one more update: they continue from their own checkpoints.
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+  processes = []
+  for index in range(2):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+    processes.append(subprocess.Popen(
+        [os.path.join(BIN, "t2t-lite-trainer"), *flags[:-2], "--train_steps=3",
+         "--local_eval_frequency=0", "--strategy=multi_worker", f"--output_dir={workers_dir}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  outputs = [p.communicate(timeout=240) for p in processes]
+  for process, (out, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-3000:]
+    assert "update 2, micro-step 4" in err and "update 3/3 (micro-step 6)" in err
 
 
 def test_effective_batch_tokens_derives_accumulate_steps():

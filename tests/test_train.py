@@ -68,7 +68,7 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
   assert "tokens per update: 1024 (= 512 x 2 x 1)" in first.stdout
   assert "micro-steps: 8 (= 4 x 2)" in first.stdout
   assert "update 4/4 (micro-step 8): loss" in first.stderr
-  assert "of the token slots of the first 50 batches are padding" in first.stderr
+  assert "of the token slots of the first 20 batches are padding" in first.stderr
   assert "trained 4 updates (8 micro-steps)" in first.stdout
   state = tf.train.get_checkpoint_state(output_dir)
   assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-4", "ckpt-8"]

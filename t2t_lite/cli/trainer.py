@@ -75,7 +75,7 @@ def main() -> None:
   if FLAGS.dry_run:
     replicas = distribute.planned_replicas(FLAGS.strategy, FLAGS.cpu_replicas)
   else:
-    strategy, is_chief = distribute.make_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
+    strategy, is_chief, task = distribute.make_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
     replicas = strategy.num_replicas_in_sync
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
   vocab_size = problem.vocab_size_in(data_dir)
@@ -116,7 +116,7 @@ def main() -> None:
       log_every=FLAGS.log_every, train_minutes=FLAGS.train_minutes,
       eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size,
       nan_micro_steps=nan_micro_steps)
-  trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief)
+  trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
   result = trainer.train()
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
         f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "

@@ -20,8 +20,10 @@ class SeedStream:
     self._site = 0
 
   def next(self):
+    # Folding the site into the (seed, micro-step) pair keeps every (micro-step, site)
+    # distinct however long the run.
     self._site += 1
-    return self._seed + tf.constant([0, 1_000_003], tf.int64) * self._site
+    return tf.random.experimental.stateless_fold_in(self._seed, self._site)
 
 
 def dropout(x, rate: float, seeds: SeedStream | None):
