@@ -12,6 +12,7 @@ import os
 
 from t2t_lite import registry
 from t2t_lite.errors import UsageError
+from t2t_lite.files import write_atomic
 from t2t_lite.hparams import HParams
 
 META_FILE = "hparams.json"
@@ -31,11 +32,7 @@ def read_meta(output_dir: str) -> dict | None:
 
 
 def write_meta(output_dir: str, meta: dict) -> None:
-  path = os.path.join(output_dir, META_FILE)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(meta, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  write_atomic(os.path.join(output_dir, META_FILE), json.dumps(meta, indent=2, sort_keys=True))
 
 
 def resolve(hparams_set: str | None, overrides: str, output_dir: str | None,

@@ -20,6 +20,7 @@ from absl import logging
 
 from t2t_lite import data as data_lib
 from t2t_lite.errors import RunError, UsageError
+from t2t_lite.files import write_atomic
 from t2t_lite.learner import Learner
 from t2t_lite.steps import BatchPlan
 
@@ -208,10 +209,8 @@ class Trainer:
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=self.learner.model),
                                          best_dir, max_to_keep=1)
     path = manager.save(checkpoint_number=update)
-    tmp = os.path.join(best_dir, "bleu.json.tmp")
-    with open(tmp, "w") as f:
-      json.dump({"bleu": self.best_bleu, "update": update, "checkpoint": path}, f)
-    os.replace(tmp, os.path.join(best_dir, "bleu.json"))
+    write_atomic(os.path.join(best_dir, "bleu.json"),
+                 json.dumps({"bleu": self.best_bleu, "update": update, "checkpoint": path}))
 
   # --- the loop ----------------------------------------------------------------------
   def _on_signal(self, signum, frame):

@@ -9,6 +9,7 @@ from absl import flags, logging
 
 from t2t_lite.cli import common
 from t2t_lite.errors import UsageError
+from t2t_lite.files import write_atomic
 
 flags.DEFINE_string("problem", None, "Registered problem (default: the run's).")
 flags.DEFINE_string("hparams_set", None, "Hparams set (default: the run's hparams.json).")
@@ -92,10 +93,7 @@ def main() -> None:
   translations = [""] * len(lines)
   for index, ids in zip(positions, outputs):
     translations[index] = vocab.decode(ids)
-  tmp = f"{FLAGS.decode_to_file}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(t.replace("\n", " ") + "\n" for t in translations)
-  os.replace(tmp, FLAGS.decode_to_file)
+  write_atomic(FLAGS.decode_to_file, "".join(t.replace("\n", " ") + "\n" for t in translations))
   print(f"translated {len(sources)} lines ({len(lines) - len(sources)} empty) -> "
         f"{FLAGS.decode_to_file}", file=sys.stderr)
 

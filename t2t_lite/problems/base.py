@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from absl import logging
 
 from t2t_lite.errors import UsageError
+from t2t_lite.files import atomic_path, write_atomic
 from t2t_lite.problems import vocab as vocab_lib
 
 SPLITS = ("train", "dev", "test")
@@ -78,13 +79,6 @@ def file_sha256(path: str) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
 
 
 def _int_feature(values):
@@ -216,7 +210,7 @@ class TranslateProblem(abc.ABC):
 
     train_text = [s for pair in raw["train"].pairs for s in pair]
     model_bytes = vocab_lib.train_sentencepiece(train_text, self.vocab_size)
-    _write_atomic(self.vocab_file(data_dir), model_bytes)
+    write_atomic(self.vocab_file(data_dir), model_bytes)
     vocab = self.get_vocab(data_dir)
 
     splits = {}
@@ -231,7 +225,7 @@ class TranslateProblem(abc.ABC):
                 "vocab": {"file": os.path.basename(self.vocab_file(data_dir)),
                           "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
                 "splits": splits}
-    _write_atomic(self.manifest_file(data_dir),
+    write_atomic(self.manifest_file(data_dir),
                   json.dumps(manifest, indent=2, sort_keys=True).encode())
     manifest["skipped"] = False
     return manifest
@@ -242,8 +236,7 @@ class TranslateProblem(abc.ABC):
     sources = vocab.encode_batch([s for s, _ in pairs])
     targets = vocab.encode_batch([t for _, t in pairs])
     for shard, path in enumerate(files):
-      tmp = f"{path}.tmp-{os.getpid()}"
-      with tf.io.TFRecordWriter(tmp) as writer:
+      with atomic_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
         for i in range(shard, len(pairs), len(files)):
           feature = {"inputs": _int_feature(sources[i]), "targets": _int_feature(targets[i])}
           if keep_text:
@@ -251,4 +244,3 @@ class TranslateProblem(abc.ABC):
             feature["targets_text"] = _bytes_feature(pairs[i][1])
           example = tf.train.Example(features=tf.train.Features(feature=feature))
           writer.write(example.SerializeToString())
-      os.replace(tmp, path)

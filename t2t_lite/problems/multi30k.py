@@ -10,6 +10,7 @@ import os
 import urllib.request
 
 from t2t_lite.errors import UsageError
+from t2t_lite.files import write_atomic
 from t2t_lite.problems.base import RawSplit, TranslateProblem, file_sha256, read_parallel
 from t2t_lite.registry import register_problem
 
@@ -32,10 +33,7 @@ def raw_file(tmp_dir: str, split: str, lang: str) -> str:
     raise UsageError(
         f"missing Multi30k file {name}: looked for {path}, and downloading {url} failed "
         f"({err}); run data_scripts/get_multi30k.sh {tmp_dir} <dir with the .gz files>") from None
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
+  write_atomic(path, data)
   return path
 
 
