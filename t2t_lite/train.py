@@ -321,7 +321,8 @@ class Trainer:
       out_of_time = deadline is not None and time.time() >= deadline
       if update < plan.train_steps and self._agreed_stop(out_of_time):
         stop_reason = (f"time budget of {options.train_minutes:g} minutes reached"
-                       if out_of_time else f"signal {self._stop_signal}")
+                       if out_of_time else f"signal {self._stop_signal}"
+                       if self._stop_signal is not None else "another worker stopped")
         break
     path = self.save()
     self.train_writer.flush()
