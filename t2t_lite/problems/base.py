@@ -178,13 +178,17 @@ class TranslateProblem(abc.ABC):
         or old.get("problem") != self.name):
       return False
     vocab_path = self.vocab_file(data_dir)
-    if not os.path.isfile(vocab_path) or file_sha256(vocab_path) != old["vocab"]["sha256"]:
+    if not os.path.isfile(vocab_path) or file_sha256(vocab_path) != old.get("vocab", {}).get(
+        "sha256"):
       return False
-    for split in old["splits"].values():
-      for name, size in zip(split["files"], split["bytes"]):
-        path = os.path.join(data_dir, name)
-        if not os.path.isfile(path) or os.path.getsize(path) != size:
-          return False
+    try:
+      for split in old["splits"].values():
+        for name, size in zip(split["files"], split["bytes"], strict=True):
+          path = os.path.join(data_dir, name)
+          if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return False
+    except (KeyError, TypeError, ValueError):  # a manifest of another version: redo
+      return False
     return True
 
   def generate_data(self, data_dir: str, tmp_dir: str) -> dict:
