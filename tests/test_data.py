@@ -218,3 +218,18 @@ def test_bucket_boundaries_are_geometric():
   assert boundaries[:4] == [8, 9, 10, 11] and boundaries[-1] == 65
   steps = np.diff(boundaries[:-1]) / np.array(boundaries[:-2])
   assert (steps <= 0.125 + 1e-9).all()
+
+
+def test_manifest_of_an_older_version_means_redo(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  assert _datagen(tmp_path, raw).returncode == 0
+  path = tmp_path / "out" / "translate_folder.manifest.json"
+  manifest = json.loads(path.read_text())
+  for split in manifest["splits"].values():
+    del split["bytes"]
+  path.write_text(json.dumps(manifest))
+  result = _datagen(tmp_path, raw)
+  assert result.returncode == 0, result.stderr
+  assert "nothing to do" not in result.stdout
+  assert "bytes" in json.loads(path.read_text())["splits"]["train"]
