@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 
 import tensorflow as tf
 from absl import logging
@@ -21,22 +23,50 @@ def split_cpu(replicas: int) -> None:
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)])
 
 
-def cluster_resolver():
-  """TF_CONFIG when set, else a Slurm allocation."""
+@functools.cache
+def cluster_resolver(slurm_port_base: int = 8888):
+  """TF_CONFIG when set, else a Slurm allocation (one resolver per process).
+
+  Under Slurm, each task's GPUs are chosen by setting CUDA_VISIBLE_DEVICES, which only takes
+  effect before TensorFlow first lists the devices: the trainer calls this before that.
+  Tasks of one node listen on ports slurm_port_base, slurm_port_base + 1, ...
+  """
   if os.environ.get("TF_CONFIG"):
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
   if os.environ.get("SLURM_JOB_ID"):
-    return tf.distribute.cluster_resolver.SlurmClusterResolver()
+    for name in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
+                 "SLURM_STEP_TASKS_PER_NODE"):
+      if name not in os.environ:
+        raise UsageError(f"--strategy=multi_worker under Slurm needs {name}: start the "
+                         "trainer with srun inside the allocation (see "
+                         "data_scripts/slurm_transformer_base.sbatch)")
+    gpu_split = {}
+    if "CUDA_VISIBLE_DEVICES" not in os.environ and shutil.which("nvidia-smi") is None:
+      # CPU nodes: the resolver would ask nvidia-smi for GPUs to split among the tasks.
+      tasks = int(os.environ["SLURM_STEP_NUM_TASKS"])
+      gpu_split = dict(gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False)
+    try:
+      resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+          port_base=slurm_port_base, **gpu_split)
+      resolver.cluster_spec()  # sets this task's CUDA_VISIBLE_DEVICES and its task type / id
+    except (RuntimeError, ValueError) as err:
+      gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+      gpus = f"{len(gpus.split(','))} GPU(s)" if gpus else "GPUs"
+      raise UsageError(f"cannot split this node's {gpus} among its "
+                       f"{os.environ['SLURM_STEP_TASKS_PER_NODE']} Slurm task(s) per node "
+                       f"({err}); start one task per node or one per GPU") from None
+    return resolver
   raise UsageError("--strategy=multi_worker needs a cluster: set TF_CONFIG (see "
                    "data_scripts/local_workers.sh) or run inside a Slurm allocation")
 
 
-def make_strategy(name: str, cpu_replicas: int = 1) -> tuple[tf.distribute.Strategy, bool, str]:
+def make_strategy(name: str, cpu_replicas: int = 1,
+                  slurm_port_base: int = 8888) -> tuple[tf.distribute.Strategy, bool, str]:
   """(strategy, is_chief, this task's name). Call before any other TensorFlow work."""
   if name not in STRATEGIES:
     raise UsageError(f"--strategy={name} is not one of {', '.join(STRATEGIES)}")
   if name == "multi_worker":
-    resolver = cluster_resolver()
+    resolver = cluster_resolver(slurm_port_base)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     task_type, task_id = resolver.task_type, resolver.task_id
     is_chief = task_type in ("chief", None) or (

@@ -7,6 +7,7 @@ failed (non-finite updates, no readable checkpoint). Known errors print one line
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -19,25 +20,35 @@ flags.DEFINE_bool("debug", False, "Print Python tracebacks for usage and run err
 FLAGS = flags.FLAGS
 
 
-def import_tensorflow():
-  """Imports TensorFlow without its start-up noise on stderr; later errors still show.
-
-  TensorFlow writes oneDNN and CUDA-probe lines from C++ before absl logging starts; no
-  setting removes all of them, so stderr is pointed at /dev/null for the import and the
-  first device query only.
-  """
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+@contextlib.contextmanager
+def _quiet_stderr():
   sys.stderr.flush()
   saved = os.dup(2)
   devnull = os.open(os.devnull, os.O_WRONLY)
   try:
     os.dup2(devnull, 2)
-    import tensorflow as tf
-    tf.config.list_physical_devices()
+    yield
   finally:
     os.dup2(saved, 2)
     os.close(saved)
     os.close(devnull)
+
+
+def import_tensorflow(before_devices=None):
+  """Imports TensorFlow without its start-up noise on stderr; later errors still show.
+
+  TensorFlow writes oneDNN and CUDA-probe lines from C++ before absl logging starts; no
+  setting removes all of them, so stderr is pointed at /dev/null for the import and the
+  first device query only. `before_devices()` runs between the two, with stderr intact:
+  the last moment to choose visible GPUs (CUDA_VISIBLE_DEVICES) for this process.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with _quiet_stderr():
+    import tensorflow as tf
+  if before_devices is not None:
+    before_devices()
+  with _quiet_stderr():
+    tf.config.list_physical_devices()
   return tf
 
 
@@ -49,7 +60,11 @@ def _fail(program: str, err: Exception) -> None:
 
 
 def run(main, program: str) -> None:
-  """Runs `main()` under absl with one-line errors and the project's exit codes."""
+  """Runs `main()` under absl with one-line errors and the project's exit codes.
+
+  `main` imports TensorFlow (through import_tensorflow) only once its flags are checked, so
+  a usage error costs no TensorFlow start-up.
+  """
 
   def parse(argv):
     try:
@@ -66,7 +81,6 @@ def run(main, program: str) -> None:
   def wrapped(argv):
     if FLAGS["verbosity"].using_default_value:
       logging.set_verbosity(logging.INFO)
-    import_tensorflow()  # the registries load TensorFlow-based modules
     try:
       main()
     except (UsageError, RunError) as err:

@@ -66,7 +66,6 @@ def load_model(output_dir, checkpoint_path, hparams_set, overrides, problem_name
 
 
 def main() -> None:
-  from t2t_lite import decode
   from t2t_lite.problems.base import read_lines
   common.require(FLAGS.decode_from_file, "decode_from_file", "test.en")
   common.require(FLAGS.decode_to_file, "decode_to_file", "test.de.out")
@@ -87,6 +86,7 @@ def main() -> None:
                         len(ids), hparams.max_length)
       sources.append(ids)
       positions.append(index)
+  from t2t_lite import decode
   decoder = decode.Decoder(model, hparams.max_length, options.extra_decode_length)
   outputs = decoder.translate_ids(sources, options.beam_size, options.alpha, options.batch_size,
                                   options.use_cache)

@@ -32,6 +32,8 @@ flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_
                   "tf.distribute strategy; auto = mirrored over all GPUs when there are several.")
 flags.DEFINE_integer("cpu_replicas", 1, "Split the CPU into this many logical devices "
                      "(with --strategy=mirrored: try data parallelism on a CPU).")
+flags.DEFINE_integer("slurm_port_base", 8888, "Under Slurm (--strategy=multi_worker): tasks "
+                     "of a node listen on this port and the next ones.")
 flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, problems, models.")
 flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
@@ -68,14 +70,15 @@ def main() -> None:
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
 
-  tf = common.import_tensorflow()
+  tf = common.import_tensorflow(before_devices=_resolve_cluster)
   from t2t_lite import data, distribute, optimize
   optimize.check_schedule(hparams)
   data.check_batch_size(hparams.batch_size, hparams.max_length)
   if FLAGS.dry_run:
     replicas = distribute.planned_replicas(FLAGS.strategy, FLAGS.cpu_replicas)
   else:
-    strategy, is_chief, task = distribute.make_strategy(FLAGS.strategy, FLAGS.cpu_replicas)
+    strategy, is_chief, task = distribute.make_strategy(FLAGS.strategy, FLAGS.cpu_replicas,
+                                                        FLAGS.slurm_port_base)
     replicas = strategy.num_replicas_in_sync
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
   vocab_size = problem.vocab_size_in(data_dir)
@@ -121,6 +124,13 @@ def main() -> None:
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
         f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
         f"{result['checkpoint']}", flush=True)
+
+
+def _resolve_cluster() -> None:
+  """A Slurm task's GPUs must be chosen before TensorFlow lists the devices."""
+  if FLAGS.strategy == "multi_worker" and not FLAGS.dry_run:
+    from t2t_lite import distribute
+    distribute.cluster_resolver(FLAGS.slurm_port_base)
 
 
 def run() -> None:

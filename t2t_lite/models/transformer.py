@@ -12,7 +12,6 @@ import tensorflow as tf
 
 from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
                                     SeedStream, dropout, timing_signal)
-from t2t_lite.registry import register_model
 
 NEG_INF = -1e9
 
@@ -101,7 +100,6 @@ class Block(tf.Module):
     return x, new_cache
 
 
-@register_model(name="transformer")
 class Transformer(tf.Module):
   """Encoder-decoder Transformer over one joint vocabulary."""
 
