@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,54 +45,139 @@ def _final_values(output_dir):
           if name.startswith("model/") and name.endswith("VARIABLE_VALUE")}
 
 
-def test_two_workers_match_two_mirrored_replicas(multi30k_data, tmp_path):
-  flags = TINY_FLAGS + [f"--data_dir={multi30k_data}", "--train_steps=2",
-                        "--local_eval_frequency=0"]
-  mirrored_dir = str(tmp_path / "mirrored")
-  cli("t2t-lite-trainer", *flags, "--strategy=mirrored", "--cpu_replicas=2",
-      f"--output_dir={mirrored_dir}", check=True)
+def _trainer(*args, env=None):
+  return subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *args], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-  workers_dir = str(tmp_path / "workers")
-  ports = _free_ports(2)
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-  processes = []
+
+def _finish(processes):
+  outputs = [p.communicate(timeout=240) for p in processes]
+  for process, (_, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-3000:]
+  return outputs
+
+
+def _flags(data_dir):
+  return TINY_FLAGS + [f"--data_dir={data_dir}", "--local_eval_frequency=0"]
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(multi30k_data, tmp_path_factory):
+  """2 updates (n=2) by 2 worker processes over TF_CONFIG, and by one process with 2
+  mirrored replicas, run side by side."""
+  root = tmp_path_factory.mktemp("two_workers")
+  mirrored_dir, workers_dir = str(root / "mirrored"), str(root / "workers")
+  flags = _flags(multi30k_data)
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+  processes = [_trainer(*flags, "--train_steps=2", "--strategy=mirrored", "--cpu_replicas=2",
+                        f"--output_dir={mirrored_dir}")]
   for index in range(2):
     env = dict(os.environ, TF_CONFIG=json.dumps(
         {"cluster": cluster, "task": {"type": "worker", "index": index}}))
-    processes.append(subprocess.Popen(
-        [os.path.join(BIN, "t2t-lite-trainer"), *flags, "--strategy=multi_worker",
-         f"--output_dir={workers_dir}"], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True))
-  outputs = [p.communicate(timeout=240) for p in processes]
-  for process, (out, err) in zip(processes, outputs):
-    assert process.returncode == 0, err[-3000:]
-  assert "replicas: 2" in outputs[0][0]
+    processes.append(_trainer(*flags, "--train_steps=2", "--strategy=multi_worker",
+                              f"--output_dir={workers_dir}", env=env))
+  outputs = _finish(processes)
+  return {"mirrored_dir": mirrored_dir, "workers_dir": workers_dir, "outputs": outputs}
 
-  mirrored, workers = _final_values(mirrored_dir), _final_values(workers_dir)
+
+def test_two_workers_match_two_mirrored_replicas(two_worker_run):
+  mirrored_out, chief_out = two_worker_run["outputs"][0][0], two_worker_run["outputs"][1][0]
+  assert "replicas: 2" in mirrored_out and "replicas: 2" in chief_out
+  workers_dir = two_worker_run["workers_dir"]
+  mirrored, workers = _final_values(two_worker_run["mirrored_dir"]), _final_values(workers_dir)
   assert mirrored.keys() == workers.keys() and len(mirrored) > 20
   scale = max(np.abs(v).max() for v in mirrored.values())
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst
   written = sorted(os.listdir(workers_dir))
-  assert "ckpt-4.index" in written and "hparams.json" in written
-  # the other worker keeps its own checkpoints (its data iterator) apart from the chief's
+  assert "ckpt-4.index" in written and "hparams.json" in written and "train" in written
+  # the other worker keeps its own checkpoints (its data iterator) apart from the chief's,
+  # and writes no summaries
   assert sorted(os.listdir(os.path.join(workers_dir, "workers"))) == ["worker-1"]
-  assert not os.path.exists(os.path.join(workers_dir, "workers", "worker-1", "train"))
+  worker_1 = os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
+  assert "ckpt-4.index" in worker_1 and "train" not in worker_1
 
-  # Resume both workers for one more update: they continue from their own checkpoints.
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+
+def test_workers_resume_as_a_slurm_job_step(two_worker_run, multi30k_data, tmp_path):
+  """The same two workers, resumed for one more update as two Slurm tasks on this node (no
+  TF_CONFIG): each continues from its own checkpoints."""
+  workers_dir = str(tmp_path / "workers")
+  shutil.copytree(two_worker_run["workers_dir"], workers_dir)
+  port_base = _free_port_pair()
   processes = []
   for index in range(2):
-    env = dict(os.environ, TF_CONFIG=json.dumps(
-        {"cluster": cluster, "task": {"type": "worker", "index": index}}))
-    processes.append(subprocess.Popen(
-        [os.path.join(BIN, "t2t-lite-trainer"), *flags[:-2], "--train_steps=3",
-         "--local_eval_frequency=0", "--strategy=multi_worker", f"--output_dir={workers_dir}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-  outputs = [p.communicate(timeout=240) for p in processes]
-  for process, (out, err) in zip(processes, outputs):
-    assert process.returncode == 0, err[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(SLURM_JOB_ID="42", SLURM_PROCID=str(index), SLURM_NTASKS="2",
+               SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost",
+               SLURM_STEP_TASKS_PER_NODE="2")
+    processes.append(_trainer(*_flags(multi30k_data), "--train_steps=3",
+                              "--strategy=multi_worker", f"--output_dir={workers_dir}",
+                              f"--slurm_port_base={port_base}", env=env))
+  for _, err in _finish(processes):
     assert "update 2, micro-step 4" in err and "update 3/3 (micro-step 6)" in err
+  assert "ckpt-6.index" in os.listdir(workers_dir)
+  assert "ckpt-6.index" in os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
+
+
+def _free_port_pair() -> int:
+  """A port p such that p and p + 1 are free (Slurm tasks of a node use consecutive ports)."""
+  for _ in range(50):
+    first = socket.socket()
+    first.bind(("127.0.0.1", 0))
+    port = first.getsockname()[1]
+    second = socket.socket()
+    try:
+      second.bind(("127.0.0.1", port + 1))
+      return port
+    except OSError:
+      continue
+    finally:
+      first.close()
+      second.close()
+  raise RuntimeError("no two consecutive free ports")
+
+
+def _slurm_step(monkeypatch, **extra):
+  from t2t_lite import distribute
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  for name, value in dict(SLURM_JOB_ID="7", SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4",
+                          SLURM_STEP_NODELIST="node[01-02]",
+                          SLURM_STEP_TASKS_PER_NODE="2(x2)", **extra).items():
+    monkeypatch.setenv(name, value)
+  distribute.cluster_resolver.cache_clear()
+  return distribute
+
+
+def test_slurm_step_resolves_to_workers_on_cpu_nodes(monkeypatch):
+  distribute = _slurm_step(monkeypatch)
+  monkeypatch.setattr(distribute.shutil, "which", lambda name: None)  # no nvidia-smi
+  resolver = distribute.cluster_resolver(9000)
+  assert resolver.cluster_spec().as_dict() == {"worker": [
+      "node01:9000", "node01:9001", "node02:9000", "node02:9001"]}
+  assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+  assert "CUDA_VISIBLE_DEVICES" not in os.environ
+  distribute.cluster_resolver.cache_clear()
+
+
+def test_slurm_tasks_of_a_node_split_its_gpus(monkeypatch):
+  distribute = _slurm_step(monkeypatch, CUDA_VISIBLE_DEVICES="0,1,2,3")
+  distribute.cluster_resolver(9000)
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"  # task 1 of node01
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # two tasks, one GPU
+  distribute.cluster_resolver.cache_clear()
+  with pytest.raises(UsageError, match="cannot split this node's 1 GPU"):
+    distribute.cluster_resolver(9000)
+  distribute.cluster_resolver.cache_clear()
+
+
+@pytest.mark.parametrize("missing", ["SLURM_PROCID", "SLURM_STEP_NODELIST"])
+def test_slurm_outside_a_job_step_is_a_usage_error(monkeypatch, missing):
+  distribute = _slurm_step(monkeypatch)
+  monkeypatch.delenv(missing)
+  with pytest.raises(UsageError, match=f"needs {missing}: start the trainer with srun"):
+    distribute.cluster_resolver(9000)
+  distribute.cluster_resolver.cache_clear()
 
 
 def test_effective_batch_tokens_derives_accumulate_steps():

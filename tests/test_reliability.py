@@ -46,8 +46,10 @@ def _kill_when(process, marker, occurrence=1):
 def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, tmp_path):
   start = time.time()
   straight = str(tmp_path / "straight")
-  cli("t2t-lite-trainer", *FLAGS, f"--data_dir={multi30k_data}", f"--output_dir={straight}",
-      check=True)
+  log = open(tmp_path / "straight.log", "w")  # a file: an unread pipe could fill and stall it
+  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *FLAGS,
+                               f"--data_dir={multi30k_data}", f"--output_dir={straight}"],
+                              stdout=subprocess.DEVNULL, stderr=log)  # beside the broken runs
 
   broken = str(tmp_path / "broken")
   # 1: mid-accumulation (micro-step 6 of 24; the last checkpoint is update 1)
@@ -64,6 +66,8 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, t
   _, err = final.communicate(timeout=180)
   assert final.returncode == 0, err[-3000:]
   assert "update 6/6 (micro-step 24)" in err
+  assert unbroken.wait(timeout=180) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+  log.close()
 
   expected, got = _model_values(straight), _model_values(broken)
   assert expected.keys() == got.keys()
@@ -121,10 +125,14 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny_run, tmp_path):
 
 def test_same_seed_same_losses(multi30k_data, tmp_path):
   from test_train import _scalars
+  processes = {name: subprocess.Popen(  # side by side: 2 cores
+      [os.path.join(BIN, "t2t-lite-trainer"), *FLAGS[:-1], "--train_steps=3",
+       f"--data_dir={multi30k_data}", f"--output_dir={tmp_path / name}"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name in ("a", "b")}
   runs = []
-  for name in ("a", "b"):
-    cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=3", f"--data_dir={multi30k_data}",
-        f"--output_dir={tmp_path / name}", check=True)
+  for name, process in processes.items():
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err[-3000:]
     runs.append([v for _, v in _scalars(str(tmp_path / name / "train"))["loss"]])
   assert len(runs[0]) == 3 and runs[0] == runs[1]
 
