@@ -8,7 +8,6 @@ the longest input of the batch + `extra_length` tokens.
 
 from __future__ import annotations
 
-import sacrebleu
 import tensorflow as tf
 
 from t2t_lite.problems.vocab import EOS_ID
@@ -189,11 +188,3 @@ class Decoder:
         ids = [int(t) for t in row]
         results[i] = ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids
     return results
-
-
-def bleu(hypotheses: list[str], references: list[str]):
-  """sacreBLEU corpus BLEU (13a tokenization, cased); `.score`, and the metric's signature."""
-  metric = sacrebleu.BLEU()
-  score = metric.corpus_score(hypotheses, [references])
-  score.signature = str(metric.get_signature())
-  return score

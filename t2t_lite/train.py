@@ -174,7 +174,7 @@ class Trainer:
     return -1.0
 
   def dev_bleu(self) -> float:
-    from t2t_lite import decode
+    from t2t_lite import decode, metrics
     if self._bleu_inputs is None:  # read once; the compiled search is reused too
       pairs = list(data_lib.text_examples(self.dev_files)
                    .take(self.options.eval_bleu_sentences).as_numpy_iterator())
@@ -184,7 +184,7 @@ class Trainer:
     sources, references, decoder = self._bleu_inputs
     hyps = decoder.translate_ids(sources, beam_size=self.options.eval_beam_size, alpha=0.6,
                                  batch_size=64)
-    return decode.bleu([self.vocab.decode(h) for h in hyps], references).score
+    return metrics.bleu([self.vocab.decode(h) for h in hyps], references).score
 
   def evaluate(self, update: int) -> dict:
     if not self.is_chief:

@@ -7,6 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
+
+# Ampere and newer GPUs run float32 matmuls as TF32 (10-bit mantissa) by default; the
+# exactness tests compare float32 paths to 1e-5, so they run in full float32 on any GPU.
+tf.config.experimental.enable_tensor_float_32_execution(False)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)

@@ -15,8 +15,7 @@ FLAGS = flags.FLAGS
 
 
 def main() -> None:
-  common.import_tensorflow()
-  from t2t_lite.decode import bleu
+  from t2t_lite.metrics import bleu
   from t2t_lite.problems.base import read_lines
   common.require(FLAGS.translation, "translation", "test.de.out")
   common.require(FLAGS.reference, "reference", "test.de")
