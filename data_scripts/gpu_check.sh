@@ -24,7 +24,7 @@ for mp in false true; do
     timeout 100 "$py" -m t2t_lite.bench --worker "$spec" | tail -n 1 | tee -a "$out/train.jsonl"
   done
 done
-timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/test_multistep.py \
+timeout 150 "$py" -m pytest -p no:cacheprovider tests/test_multistep.py \
   tests/test_mixed_precision.py 2>&1 | tail -n 3 | tee "$out/tests.txt"
 "$py" - "$out/train.jsonl" <<'PY' | tee "$out/summary.txt"
 import json, sys
@@ -34,9 +34,11 @@ for name, r in zip(names, rows):
     print(f"{name}: {r['tokens_per_second']:.0f} tokens/s, peak GPU "
           f"{r.get('peak_gpu_mib', 0):.0f} MiB, compute {r['compute_dtype']}")
 for label, one, eight in (("float32", rows[0], rows[1]), ("mixed", rows[2], rows[3])):
+    growth = eight.get('peak_gpu_mib', 0) - one.get('peak_gpu_mib', 0)
+    budget = eight['accumulators_mib'] + 0.05 * one.get('peak_gpu_mib', 0)
     print(f"{label}: n=8 / n=1 tokens/s {eight['tokens_per_second'] / one['tokens_per_second']:.3f}; "
-          f"peak GPU n=8 - n=1 {eight.get('peak_gpu_mib', 0) - one.get('peak_gpu_mib', 0):+.0f} MiB "
-          f"(accumulators {eight['accumulators_mib']:.0f} MiB)")
+          f"peak GPU n=8 - n=1 {growth:+.0f} MiB, budget accumulators + 5% = {budget:.0f} MiB: "
+          f"{'flat' if growth <= budget else 'NOT FLAT'}")
 print(f"mixed / float32 tokens/s at n=8: {rows[3]['tokens_per_second'] / rows[1]['tokens_per_second']:.2f}")
 tokens = 100_000 * 4096 * 8  # wmt14_ende.sh: 100k updates of transformer_base_fake_gpu8
 for label, r in (("float32", rows[1]), ("mixed", rows[3])):
