@@ -20,6 +20,9 @@ from t2t_lite.models.transformer import compute_dtype
 from t2t_lite.optimize import Adam, GradientAccumulator, check_schedule, learning_rate
 
 SUM = tf.distribute.ReduceOp.SUM
+# Cross-replica sums of an update are packed into chunks of this size: a few collectives per
+# update instead of one per variable.
+PACK_BYTES = 32 * 2 ** 20
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
 
@@ -40,6 +43,7 @@ class Learner:
                                                  hparams.relu_dropout))
     self.nan_micro_steps = tuple(int(s) for s in nan_micro_steps)
     self._micro = None
+    self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
       self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
       self.variables = list(self.model.trainable_variables)
@@ -122,18 +126,32 @@ class Learner:
     self.strategy.run(self._accumulate, args=(batch,))
     self.micro_step.assign_add(1)
 
+  def _sum_over_replicas(self, values):
+    """Each of `values` (per-replica tensors or replica-local variables) summed over all
+    replicas, as one batched reduction that TensorFlow packs into PACK_BYTES chunks."""
+    if self.replicas == 1:
+      return [v.read_value() if isinstance(v, tf.Variable) else v for v in values]
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=PACK_BYTES)
+    graph = tf.compat.v1.get_default_graph()  # the graph being traced
+    first_new_op = len(graph.get_operations())
+    # Reducing onto a model variable's devices: an all-reduce among this worker's devices.
+    reduced = self.strategy.extended.batch_reduce_to(
+        SUM, [(v, self.variables[0]) for v in values], options=options)
+    self.reduction = {"tensors": len(values), "collective_ops": sum(
+        op.type.startswith("Collective") for op in graph.get_operations()[first_new_op:])}
+    return [self.strategy.experimental_local_results(r)[0] for r in reduced]
+
   def _distributed_fused_step(self, batch):
     grads, loss, tokens = self.strategy.run(self._gradients, args=(batch,))
-    reduce = lambda x: self.strategy.reduce(SUM, x, axis=None)  # noqa: E731
-    stats = self._apply([reduce(g) for g in grads], reduce(loss), reduce(tokens))
+    *grads, loss, tokens = self._sum_over_replicas([*grads, loss, tokens])
+    stats = self._apply(grads, loss, tokens)
     self.micro_step.assign_add(1)
     return stats
 
   def _update(self):
     acc = self.accumulator
-    # A cross-replica read of an ON_READ/SUM variable is the sum over replicas.
-    stats = self._apply([g.read_value() for g in acc.gradients], acc.loss.read_value(),
-                        acc.tokens.read_value())
+    *grads, loss, tokens = self._sum_over_replicas([*acc.gradients, acc.loss, acc.tokens])
+    stats = self._apply(grads, loss, tokens)
     self.strategy.run(acc.reset)
     return stats
 

@@ -256,6 +256,7 @@ class Trainer:
     window_tokens = window_updates = consecutive_nonfinite = 0
     window_loss = 0.0
     stop_reason = "train_steps reached"
+    reduction_logged = False
     while update < plan.train_steps:
       if self._stop_signal is not None and not self._multi_worker:
         stop_reason = f"signal {self._stop_signal}"
@@ -269,6 +270,12 @@ class Trainer:
         os.kill(os.getpid(), signal.SIGKILL)
       if stats is None:
         continue
+      if learner.reduction is not None and not reduction_logged:
+        reduction_logged = True
+        collectives = learner.reduction["collective_ops"]
+        logging.info("cross-replica sum per update: %d tensors in %s", learner.reduction["tensors"],
+                     f"{collectives} collective all-reduce op(s)" if collectives
+                     else "a reduction to one device")
       if not bool(stats["finite"]) and bool(stats["overflow"]):
         logging.info("float16 overflow at update %d: update skipped, loss scale lowered to %g",
                      update + 1, float(learner.loss_scale.numpy()))
