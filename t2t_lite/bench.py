@@ -218,7 +218,57 @@ def worker_pipeline(spec: dict) -> dict:
           "padding_fraction": data.padding_fraction(dataset, 200)}
 
 
-WORKERS = {"train": worker_train, "keras": worker_keras, "keras_speed": worker_keras_speed,
+def worker_cluster_member(spec: dict) -> dict:
+  """One of two workers (TF_CONFIG set by worker_cluster): seconds per update at n=1 and the
+  collective ops of its cross-replica sum, with the sums packed or one per tensor."""
+  tf = _tf()
+  from t2t_lite import learner as learner_lib, registry
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  if not spec["packed"]:
+    learner_lib.PACK_BYTES = 1  # packs of at least 1 byte: every tensor its own all-reduce
+  hparams = registry.hparams(spec["hparams_set"])
+  learner = learner_lib.Learner(hparams, spec["vocab"], 1, seed=1, strategy=strategy)
+  batches = [synthetic_batch(spec["rows"], spec["length"], spec["vocab"], seed=i)
+             for i in range(4)]
+  distributed = [strategy.experimental_distribute_values_from_function(lambda _, b=b: b)
+                 for b in batches]
+  for i in range(3):
+    learner.step(distributed[i % 4])
+  float(learner.update_step.numpy())
+  start = time.perf_counter()
+  for i in range(spec["updates"]):
+    stats = learner.step(distributed[i % 4])
+  float(stats["loss"])
+  return {"seconds_per_update": (time.perf_counter() - start) / spec["updates"],
+          "variables": len(learner.variables), **learner.reduction}
+
+
+def worker_cluster(spec: dict) -> dict:
+  """Two worker processes on 127.0.0.1, packed sums against one all-reduce per tensor."""
+  import socket
+  results = {}
+  for packed in (True, False):
+    sockets = [socket.socket() for _ in range(2)]
+    for sock in sockets:
+      sock.bind(("127.0.0.1", 0))
+    cluster = {"worker": [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]}
+    for sock in sockets:
+      sock.close()
+    member = json.dumps({**spec, "kind": "cluster_member", "packed": packed})
+    processes = [subprocess.Popen(
+        [sys.executable, "-m", "t2t_lite.bench", "--worker", member], cwd=REPO,
+        env=dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for index in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    if any(p.returncode for p in processes):
+      return {"error": "a worker failed"}
+    results["packed" if packed else "per_tensor"] = json.loads(outputs[0].strip().splitlines()[-1])
+  return results
+
+
+WORKERS = {"train": worker_train, "cluster_member": worker_cluster_member,
+           "cluster": worker_cluster, "keras": worker_keras, "keras_speed": worker_keras_speed,
            "decode": worker_decode, "pipeline": worker_pipeline}
 
 
@@ -258,6 +308,9 @@ def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: st
       "kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2, "micro_steps": steady,
       "hparams": "mixed_precision=false", "with_matmul_rate": True}))
   specs.append(("keras/exactness", {"kind": "keras"}))
+  specs.append(("two_workers/transformer_tiny/n=1", {
+      "kind": "cluster", "hparams_set": "transformer_tiny", "rows": 8 if quick else 32,
+      "length": 16, "vocab": 100 if quick else 8000, "updates": 4 if quick else 30}))
   if not quick:
     specs.append(("keras/speed/n=8", {"kind": "keras_speed", **cpu, "n": 8,
                                       "micro_steps": steady}))
@@ -317,6 +370,14 @@ def table(results: dict) -> str:
                 f"{d['beam1_uncached']:.1f} ({d['beam1_cached'] / d['beam1_uncached']:.1f}x) |")
     rows.append(f"| decode sentences/s, beam 4 cached / uncached | {d['beam4_cached']:.1f} / "
                 f"{d['beam4_uncached']:.1f} ({d['beam4_cached'] / d['beam4_uncached']:.1f}x) |")
+  c = results.get("two_workers/transformer_tiny/n=1", {})
+  if "packed" in c and "per_tensor" in c:
+    packed, per_tensor = c["packed"], c["per_tensor"]
+    rows.append(f"| 2 local workers, transformer_tiny n=1 ({packed['variables']} variables): "
+                f"collective ops and s/update, packed / one per tensor | "
+                f"{packed['collective_ops']}, {packed['seconds_per_update']:.3f} s / "
+                f"{per_tensor['collective_ops']}, {per_tensor['seconds_per_update']:.3f} s "
+                f"({per_tensor['seconds_per_update'] / packed['seconds_per_update']:.1f}x) |")
   p = results.get("pipeline", {})
   if "examples_per_second" in p:
     rows.append(f"| input pipeline examples/s, padding fraction | "

@@ -20,8 +20,9 @@ from t2t_lite.models.transformer import compute_dtype
 from t2t_lite.optimize import Adam, GradientAccumulator, check_schedule, learning_rate
 
 SUM = tf.distribute.ReduceOp.SUM
-# Cross-replica sums of an update are packed into chunks of this size: a few collectives per
-# update instead of one per variable.
+# Cross-replica sums of an update are packed into chunks of about this size: a few collectives
+# per update instead of one per variable, without a second copy of all gradients at once
+# (TensorFlow's 0 would pack everything into one).
 PACK_BYTES = 32 * 2 ** 20
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}

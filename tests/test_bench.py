@@ -34,3 +34,13 @@ def test_flop_count_of_a_batch():
   flops = bench.matmul_flops_per_batch(hparams, 8000, 128, 32, 32)
   # about 6 x (non-embedding parameters + softmax) x tokens, plus attention
   assert 1.8e11 < flops < 2.0e11
+
+
+def test_table_compares_packed_and_per_tensor_sums():
+  member = {"variables": 55, "tensors": 57}
+  results = {"two_workers/transformer_tiny/n=1": {
+      "packed": {**member, "collective_ops": 1, "seconds_per_update": 0.2},
+      "per_tensor": {**member, "collective_ops": 57, "seconds_per_update": 0.3}}}
+  assert ("| 2 local workers, transformer_tiny n=1 (55 variables): collective ops and "
+          "s/update, packed / one per tensor | 1, 0.200 s / 57, 0.300 s (1.5x) |"
+          in bench.table(results))
