@@ -2,7 +2,10 @@
 # The paper's Transformer-base result on one GPU: WMT14 en-de, transformer_base_fake_gpu8
 # (4096 tokens x 8 accumulated micro-steps = 32768 tokens per update, like 8 GPUs),
 # 100k updates, average the last checkpoints, beam 4 / alpha 0.6 on newstest2014, sacreBLEU.
-# Usage: wmt14_ende.sh WORK_DIR      (needs internet once, for the corpus)
+# Usage: wmt14_ende.sh WORK_DIR      (needs internet once, for the corpus; run with the
+#        project's .venv/bin on PATH, e.g. after `source .venv/bin/activate`)
+# Environment: TRAIN_STEPS (100000), MIXED_PRECISION (true), VOCAB_SIZE (0: the problem's
+# 32000). Rerunning resumes: prepared data and finished steps are reused.
 set -euo pipefail
 work=${1:?usage: wmt14_ende.sh WORK_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -10,7 +13,8 @@ tfds_dir=$work/tfds data_dir=$work/data run_dir=$work/run
 mkdir -p "$work"
 
 [ -d "$tfds_dir/wmt14_translate" ] || bash "$here/prepare_wmt14_ende.sh" "$tfds_dir"
-t2t-lite-datagen --problem=translate_ende_wmt14 --tmp_dir="$tfds_dir" --data_dir="$data_dir"
+t2t-lite-datagen --problem=translate_ende_wmt14 --tmp_dir="$tfds_dir" --data_dir="$data_dir" \
+  --vocab_size="${VOCAB_SIZE:-0}"
 t2t-lite-trainer --problem=translate_ende_wmt14 --hparams_set=transformer_base_fake_gpu8 \
   --hparams="mixed_precision=${MIXED_PRECISION:-true}" \
   --data_dir="$data_dir" --output_dir="$run_dir" --train_steps="${TRAIN_STEPS:-100000}" \

@@ -161,6 +161,28 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
                       out_dir=tmp_path / "out")
 
 
+def test_vocabulary_too_big_for_the_corpus(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  result = cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={tmp_path / 'out'}",
+               f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de", "--vocab_size=32000")
+  _assert_usage_error(result, "the translate_folder training text is too small for a "
+                      "32000-piece vocabulary (at most ", "); pass a smaller --vocab_size",
+                      out_dir=tmp_path / "out")
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      "t2t-lite-datagen: error: the translate_folder training text is too small")
+
+
+def test_vocab_size_applies_to_every_problem_and_languages_only_to_folders(tmp_path):
+  from t2t_lite import registry
+  problem = registry.problem("translate_ende_wmt14")
+  problem.configure(vocab_size=8000, source_lang="", target_lang="")
+  assert problem.vocab_size == 8000 and problem._settings()["vocab_size"] == 8000
+  result = cli("t2t-lite-datagen", "--problem=translate_ende_multi30k", "--source_lang=fr",
+               f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={multi30k_dir()}")
+  _assert_usage_error(result, "problem translate_ende_multi30k takes no --source_lang")
+
+
 def test_missing_file_says_where_it_looked(tmp_path):
   raw = tmp_path / "raw"
   _corpus(raw)
@@ -190,6 +212,40 @@ def test_wmt14_unprepared_fails_fast(tmp_path):
                f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={tmp_path / 'tfds'}")
   _assert_usage_error(result, "wmt14_translate/de-en is not prepared", "prepare_wmt14_ende.sh")
   assert time.time() - start < 60
+
+
+def _prepared_wmt14_stand_in(tfds_dir, monkeypatch, pairs=300):
+  """A prepared wmt14_translate/de-en holding Multi30k sentences: tensorflow-datasets' own
+  builder writes it, with its download step replaced by reading the local files."""
+  import tensorflow_datasets as tfds
+  names = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+  builder = tfds.builder("wmt14_translate/de-en", data_dir=str(tfds_dir))
+
+  def split_generators(self, dl_manager):
+    return [tfds.core.SplitGenerator(name=split, gen_kwargs={"split": split}) for split in names]
+
+  def generate_examples(self, split):
+    text = {lang: read_lines(os.path.join(multi30k_dir(), f"{names[split]}.{lang}.gz"))[:pairs]
+            for lang in ("en", "de")}
+    for i, (en, de) in enumerate(zip(text["en"], text["de"])):
+      yield i, {"en": en, "de": de}
+
+  monkeypatch.setattr(type(builder), "_split_generators", split_generators)
+  monkeypatch.setattr(type(builder), "_generate_examples", generate_examples)
+  builder.download_and_prepare()
+
+
+def test_wmt14_datagen_reads_a_prepared_tfds_dataset(tmp_path, monkeypatch):
+  _prepared_wmt14_stand_in(tmp_path / "tfds", monkeypatch)
+  result = cli("t2t-lite-datagen", "--problem=translate_ende_wmt14", "--vocab_size=500",
+               f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={tmp_path / 'tfds'}", check=True)
+  for split in ("train", "dev", "test"):
+    assert f"translate_ende_wmt14 {split}: 300 pairs read, 300 kept" in result.stdout
+  manifest = json.loads((tmp_path / "out" / "translate_ende_wmt14.manifest.json").read_text())
+  assert manifest["splits"]["train"]["source"] == "tfds wmt14_translate/de-en:train"
+  assert manifest["settings"]["vocab_size"] == 500 and manifest["vocab"]["size"] == 500
+  assert len(manifest["splits"]["train"]["files"]) == 100
+  assert manifest["inputs"]["examples"] == {"train": 300, "validation": 300, "test": 300}
 
 
 def test_interrupted_datagen_is_redone(tmp_path):

@@ -109,10 +109,16 @@ class TranslateProblem(abc.ABC):
     """What identifies the raw inputs; a change makes datagen run again."""
     return {}
 
-  def configure(self, **options) -> None:
-    """Problem-specific datagen options (e.g. languages for a folder corpus)."""
-    if any(v for v in options.values()):
-      raise UsageError(f"problem {self.name} takes no options; got {sorted(options)}")
+  def configure(self, vocab_size: int = 0, **options) -> None:
+    """Datagen options: a vocabulary size other than the problem's (0: keep it), and
+    problem-specific ones (e.g. languages for a folder corpus)."""
+    if vocab_size < 0:
+      raise UsageError(f"--vocab_size={vocab_size} must be positive (0: the problem's default)")
+    if vocab_size:
+      self.vocab_size = vocab_size
+    given = sorted(name for name, value in options.items() if value)
+    if given:
+      raise UsageError(f"problem {self.name} takes no {', '.join('--' + n for n in given)}")
 
   # --- files -------------------------------------------------------------------------
   def vocab_file(self, data_dir: str) -> str:
@@ -213,7 +219,11 @@ class TranslateProblem(abc.ABC):
                    len(data.pairs))
 
     train_text = [s for pair in raw["train"].pairs for s in pair]
-    model_bytes = vocab_lib.train_sentencepiece(train_text, self.vocab_size)
+    try:
+      model_bytes = vocab_lib.train_sentencepiece(train_text, self.vocab_size)
+    except vocab_lib.VocabSizeTooHigh as err:
+      raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
+                       f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
     write_atomic(self.vocab_file(data_dir), model_bytes)
     vocab = self.get_vocab(data_dir)
 

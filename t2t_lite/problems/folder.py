@@ -21,11 +21,10 @@ class TranslateFolder(TranslateProblem):
   num_train_shards = 4
 
   def configure(self, source_lang: str = "", target_lang: str = "", vocab_size: int = 0,
-                **unused) -> None:
+                **options) -> None:
+    super().configure(vocab_size=vocab_size, **options)
     self.source_lang = source_lang or self.source_lang
     self.target_lang = target_lang or self.target_lang
-    if vocab_size:
-      self.vocab_size = vocab_size
 
   def _path(self, tmp_dir: str, split: str, lang: str) -> str:
     if not (self.source_lang and self.target_lang):

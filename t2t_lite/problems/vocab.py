@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
@@ -13,16 +14,35 @@ EOS_ID = 1
 UNK_ID = 2
 
 
+class VocabSizeTooHigh(ValueError):
+  """The text has fewer possible pieces than the vocabulary size asked for."""
+
+  def __init__(self, limit: int):
+    super().__init__(f"vocabulary size too high for this text (at most {limit})")
+    self.limit = limit
+
+
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, seed: int = 1) -> bytes:
   """Trains a unigram sentencepiece model on `sentences`; returns the model file's bytes."""
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()
+  try:
+    _train(sentences, vocab_size, model)
+  except RuntimeError as err:
+    found = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
+                      str(err))
+    if found:
+      raise VocabSizeTooHigh(int(found.group(1))) from None
+    raise
+  return model.getvalue()
+
+
+def _train(sentences: Iterable[str], vocab_size: int, model: io.BytesIO) -> None:
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
       model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
       unk_id=UNK_ID, bos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True,
       max_sentence_length=4096, num_threads=2, minloglevel=2)
-  return model.getvalue()
 
 
 def sha256(data: bytes) -> str:
