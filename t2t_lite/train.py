@@ -15,6 +15,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -81,11 +82,12 @@ class Trainer:
     self._stop_signal = None
     self._saves = 0
     self._bleu_inputs = None
+    self._slots = self._padding = 0  # token slots and padding of this worker's batches
+    self.train_writer = self.eval_writer = tf.summary.create_noop_writer()
     if is_chief:
       self.train_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "train"))
-      self.eval_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "eval"))
-    else:
-      self.train_writer = self.eval_writer = tf.summary.create_noop_writer()
+      if options.local_eval_frequency:
+        self.eval_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "eval"))
 
   def _make_iterators(self, files) -> dict:
     """One training-data iterator per local replica, named by its global replica id.
@@ -104,6 +106,11 @@ class Trainer:
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
     batches = {r: next(self.iterators[f"iterator_{r}"]) for r in self.replica_ids}
+    for batch in batches.values():  # host-side arrays: counting costs no device sync
+      for ids in (batch["inputs"], batch["targets"]):
+        self._slots += int(ids.shape[0]) * int(ids.shape[1])
+        self._padding += int(ids.shape[0]) * int(ids.shape[1]) - int(
+            np.count_nonzero(ids.numpy()))
     if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
       return batches[self.replica_ids[0]]
     return self.strategy.experimental_distribute_values_from_function(
@@ -234,10 +241,6 @@ class Trainer:
     self.restore()
     for line in self.plan.lines():
       logging.info("%s", line)
-    if self.is_chief:
-      probe = data_lib.train_dataset(self._train_files, self.hparams, self.options.seed)
-      logging.info("input: %.1f%% of the token slots of the first 20 batches are padding",
-                   100 * data_lib.padding_fraction(probe, limit=20))
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:
       signal.signal(s, self._on_signal)
@@ -308,16 +311,19 @@ class Trainer:
           remaining = min(remaining, deadline - now)
         tokens_per_second = window_tokens / max(elapsed, 1e-9)
         loss = window_loss / window_updates
+        padding = self._padding / max(self._slots, 1)
+        self._padding = self._slots = 0
         logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
-                     "%.0f tokens/update, ETA %s", update, plan.train_steps, micro_step, loss,
-                     float(stats["learning_rate"]), tokens_per_second,
-                     window_tokens / window_updates, format_duration(remaining))
+                     "%.0f tokens/update, %.1f%% padding, ETA %s", update, plan.train_steps,
+                     micro_step, loss, float(stats["learning_rate"]), tokens_per_second,
+                     window_tokens / window_updates, 100 * padding, format_duration(remaining))
         with self.train_writer.as_default(step=update):  # a no-op writer off the chief
           tf.summary.scalar("loss", loss)
           tf.summary.scalar("learning_rate", stats["learning_rate"])
           tf.summary.scalar("grad_norm", stats["grad_norm"])
           tf.summary.scalar("tokens_per_second", tokens_per_second)
           tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
+          tf.summary.scalar("padding_fraction", padding)
         window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
       pause = time.time()
       if update % options.save_checkpoints_steps == 0:

@@ -94,6 +94,7 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   assert worst < 1e-5, worst
   written = sorted(os.listdir(workers_dir))
   assert "ckpt-4.index" in written and "hparams.json" in written and "train" in written
+  assert "eval" not in written  # no evaluation asked for, no empty summaries
   # the other worker keeps its own checkpoints (its data iterator) apart from the chief's,
   # and writes no summaries
   assert sorted(os.listdir(os.path.join(workers_dir, "workers"))) == ["worker-1"]

@@ -68,12 +68,16 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
   assert "tokens per update: 1024 (= 512 x 2 x 1)" in first.stdout
   assert "micro-steps: 8 (= 4 x 2)" in first.stdout
   assert "update 4/4 (micro-step 8): loss" in first.stderr
-  assert "of the token slots of the first 20 batches are padding" in first.stderr
+  # each log line reports the padding of the batches trained on since the previous one
+  paddings = [float(line.split("% padding")[0].rsplit(", ", 1)[1])
+              for line in first.stderr.splitlines() if "% padding" in line]
+  assert len(paddings) == 4 and all(0 < p < 25 for p in paddings), paddings
   assert "trained 4 updates (8 micro-steps)" in first.stdout
   state = tf.train.get_checkpoint_state(output_dir)
   assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-4", "ckpt-8"]
   train = _scalars(os.path.join(output_dir, "train"))
-  for tag in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "tokens_per_update"):
+  for tag in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "tokens_per_update",
+              "padding_fraction"):
     assert [step for step, _ in train[tag]] == [1, 2, 3, 4], tag
   evaluation = _scalars(os.path.join(output_dir, "eval"))
   assert [step for step, _ in evaluation["dev_loss"]] == [4]
