@@ -8,6 +8,7 @@ and little is padding. Each batch is padded to its own longest source and target
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from t2t_lite.errors import UsageError
@@ -102,12 +103,17 @@ def text_examples(files: list[str]) -> tf.data.Dataset:
   return tf.data.TFRecordDataset(files).map(parse)
 
 
+def padding_and_slots(batch) -> tuple[int, int]:
+  """(padding ids, token slots) of the inputs and targets of one host-side batch."""
+  padding = slots = 0
+  for name in ("inputs", "targets"):
+    ids = batch[name].numpy()
+    padding += ids.size - int(np.count_nonzero(ids))
+    slots += ids.size
+  return padding, slots
+
+
 def padding_fraction(batches, limit: int = 200) -> float:
   """Fraction of padding among the token slots of up to `limit` batches."""
-  real = slots = 0
-  for batch in batches.take(limit):
-    for name in ("inputs", "targets"):
-      ids = batch[name].numpy()
-      real += int((ids != 0).sum())
-      slots += ids.size
-  return 1.0 - real / max(slots, 1)
+  counts = [padding_and_slots(batch) for batch in batches.take(limit)]
+  return sum(p for p, _ in counts) / max(sum(s for _, s in counts), 1)

@@ -15,7 +15,6 @@ import signal
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -107,10 +106,9 @@ class Trainer:
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
     batches = {r: next(self.iterators[f"iterator_{r}"]) for r in self.replica_ids}
     for batch in batches.values():  # host-side arrays: counting costs no device sync
-      for ids in (batch["inputs"], batch["targets"]):
-        self._slots += int(ids.shape[0]) * int(ids.shape[1])
-        self._padding += int(ids.shape[0]) * int(ids.shape[1]) - int(
-            np.count_nonzero(ids.numpy()))
+      padding, slots = data_lib.padding_and_slots(batch)
+      self._padding += padding
+      self._slots += slots
     if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
       return batches[self.replica_ids[0]]
     return self.strategy.experimental_distribute_values_from_function(

@@ -36,18 +36,11 @@ def decode_hparams(spec: str):
 def load_model(output_dir, checkpoint_path, hparams_set, overrides, problem_name, data_dir):
   """(model, vocab, hparams) restored from a run directory or checkpoint."""
   from t2t_lite import registry, rundir
-  from t2t_lite.hparams import HParams
-  meta = rundir.read_meta(output_dir) if output_dir else None
-  if hparams_set:
-    hparams = registry.hparams(hparams_set)
-    if meta and meta.get("hparams_set") == registry.hparams_sets.canonical(hparams_set):
-      hparams.override_from_dict(meta["hparams"])
-  elif meta:
-    hparams = HParams(**meta["hparams"])
-  else:
+  # The run's recorded values, under its set or another one; --hparams may change them.
+  hparams, meta, _ = rundir.resolve(hparams_set, overrides, output_dir, allow_change=True)
+  if not hparams_set and meta is None:
     raise UsageError("give --output_dir of a training run (with its hparams.json) or "
                      "--hparams_set")
-  hparams.parse(overrides)
   problem = registry.problem(problem_name or (meta or {}).get("problem") or "")
   data_dir = data_dir or (meta or {}).get("data_dir")
   common.require(data_dir, "data_dir", "data/multi30k_ende")

@@ -27,7 +27,11 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, seed: int = 1
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()
   try:
-    _train(sentences, vocab_size, model)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
+        unk_id=UNK_ID, bos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        max_sentence_length=4096, num_threads=2, minloglevel=2)
   except RuntimeError as err:
     found = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
                       str(err))
@@ -35,14 +39,6 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, seed: int = 1
       raise VocabSizeTooHigh(int(found.group(1))) from None
     raise
   return model.getvalue()
-
-
-def _train(sentences: Iterable[str], vocab_size: int, model: io.BytesIO) -> None:
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-      model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-      unk_id=UNK_ID, bos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-      max_sentence_length=4096, num_threads=2, minloglevel=2)
 
 
 def sha256(data: bytes) -> str:
