@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from t2t_lite.errors import UsageError
+from t2t_lite.hparams_check import check_batch_size
 
 _FEATURES = {
     "inputs": tf.io.VarLenFeature(tf.int64),
@@ -31,13 +31,6 @@ def bucket_boundaries(max_length: int, min_length: int = 8, step: float = 1.1) -
 def bucket_batch_sizes(boundaries: list[int], batch_size: int) -> list[int]:
   """Rows per batch for each bucket: elements of bucket i are shorter than boundaries[i]."""
   return [max(1, batch_size // (b - 1)) for b in boundaries] + [1]
-
-
-def check_batch_size(batch_size: int, max_length: int) -> None:
-  if batch_size < max_length:
-    raise UsageError(f"batch_size={batch_size} tokens cannot hold one sequence of "
-                     f"max_length={max_length}; raise batch_size or lower max_length "
-                     f"(--hparams=max_length={batch_size})")
 
 
 def parse_example(serialized):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from t2t_lite import registry
+from t2t_lite import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
-from t2t_lite.optimize import Adam, GradientAccumulator, check_schedule, learning_rate
+from t2t_lite.optimize import Adam, GradientAccumulator, learning_rate
 
 SUM = tf.distribute.ReduceOp.SUM
 # Cross-replica sums of an update are packed into chunks of about this size: a few collectives
@@ -33,7 +33,7 @@ class Learner:
 
   def __init__(self, hparams, vocab_size: int, accumulate_steps: int, seed: int = 1,
                strategy: tf.distribute.Strategy | None = None, nan_micro_steps=()):
-    check_schedule(hparams)
+    hparams_check.check(hparams)
     self.hparams = hparams
     self.accumulate_steps = accumulate_steps
     self.seed = seed

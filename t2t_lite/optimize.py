@@ -13,14 +13,7 @@ import tensorflow as tf
 
 from t2t_lite.errors import UsageError
 
-SCHEDULE_FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_hidden_size")
-
-
-def check_schedule(hparams) -> None:
-  for factor in hparams.learning_rate_schedule.split("*"):
-    if factor.strip() not in SCHEDULE_FACTORS:
-      raise UsageError(f"learning_rate_schedule has unknown factor '{factor.strip()}'; "
-                       f"known factors: {', '.join(SCHEDULE_FACTORS)} (joined by '*')")
+from t2t_lite.hparams_check import check_schedule  # noqa: F401 (re-exported)
 
 
 def learning_rate(hparams, update):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from t2t_lite import registry
+from t2t_lite import hparams_check, registry
 from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.hparams import HParams
@@ -61,6 +61,7 @@ def resolve(hparams_set: str | None, overrides: str, output_dir: str | None,
       detail = ", ".join(f"{k}={new!r} (recorded {old!r})" for k, (old, new) in changed.items())
       raise UsageError(f"{output_dir} was trained with other values: {detail}; use another "
                        "--output_dir, or pass --allow_hparams_change to accept the change")
+  hparams_check.check(hparams)
   return hparams, previous, name
 
 
@@ -76,9 +77,10 @@ def model_from_run(output_dir: str):
 def parameter_count(hparams, vocab_size: int) -> int:
   """Trainable parameters of the Transformer (checked against the built model in tests)."""
   h, f = hparams.hidden_size, hparams.filter_size
+  final_norms = 2 * 2 * h if hparams_check.norm_placement(hparams) == "pre_norm" else 0
   ffn = h * f + f + f * h + h
   encoder = 4 * h * h + ffn + 2 * 2 * h
   decoder = 8 * h * h + ffn + 3 * 2 * h
   embeddings = vocab_size * h if hparams.shared_embedding_and_softmax_weights else 3 * vocab_size * h
   return (embeddings + hparams.num_encoder_layers * encoder +
-          hparams.num_decoder_layers * decoder + 2 * 2 * h)
+          hparams.num_decoder_layers * decoder + final_norms)

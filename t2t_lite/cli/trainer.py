@@ -10,7 +10,8 @@ from t2t_lite.cli import common
 from t2t_lite.errors import UsageError
 
 flags.DEFINE_string("problem", "translate_ende_multi30k", "Registered problem.")
-flags.DEFINE_string("model", "transformer", "Registered model.")
+flags.DEFINE_string("model", None, "Registered model (default: the hparams' model, "
+                    "transformer).")
 flags.DEFINE_string("hparams_set", None, "Registered hparams set (default: the one recorded in "
                     "--output_dir when resuming, else transformer_multi30k_cpu).")
 flags.DEFINE_string("hparams", "", "Overrides, e.g. 'batch_size=2048,clip_grad_norm=1.0'.")
@@ -61,19 +62,23 @@ def main() -> None:
   if not FLAGS.dry_run:
     common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
     common.check_writable_dir(FLAGS.output_dir, "output_dir")
-  registry.models.canonical(FLAGS.model)
+  if FLAGS.model:
+    registry.models.canonical(FLAGS.model)
   problem = registry.problem(FLAGS.problem)
+  model_override = f"model={FLAGS.model}" if FLAGS.model else ""
   hparams, previous, hparams_set = rundir.resolve(
-      FLAGS.hparams_set, FLAGS.hparams, FLAGS.output_dir, FLAGS.allow_hparams_change)
-  hparams.model = FLAGS.model
+      FLAGS.hparams_set, ",".join(filter(None, [model_override, FLAGS.hparams])),
+      FLAGS.output_dir, FLAGS.allow_hparams_change)
+  if FLAGS.model and hparams.model != FLAGS.model:
+    raise UsageError(f"--model={FLAGS.model} and --hparams model={hparams.model} disagree; "
+                     "give the model once")
+  registry.models.canonical(hparams.model)
   data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
 
   tf = common.import_tensorflow(before_devices=_resolve_cluster)
-  from t2t_lite import data, distribute, optimize
-  optimize.check_schedule(hparams)
-  data.check_batch_size(hparams.batch_size, hparams.max_length)
+  from t2t_lite import distribute
   if FLAGS.dry_run:
     replicas = distribute.planned_replicas(FLAGS.strategy, FLAGS.cpu_replicas)
   else:

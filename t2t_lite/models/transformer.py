@@ -1,7 +1,9 @@
-"""The Transformer encoder-decoder of tensor2tensor (Vaswani et al., 2017), pre-norm.
+"""The Transformer encoder-decoder of tensor2tensor (Vaswani et al., 2017).
 
-Each block: y = x + dropout(sublayer(layer_norm(x))) (tensor2tensor's preprocess "n",
-postprocess "da"), and a final layer norm on each stack. Embeddings are scaled by
+Pre-norm (tensor2tensor's default, preprocess "n", postprocess "da"): each sublayer is
+x + dropout(sublayer(layer_norm(x))), and each stack ends in a layer norm. Post-norm (the
+paper's, preprocess "none", postprocess "dan"): layer_norm(x + dropout(sublayer(x))), no
+norm at the end of the stacks. Embeddings are scaled by
 sqrt(hidden) and, with a joint vocabulary, shared by source, target and softmax.
 Target id 0 (padding) doubles as the decoder's start symbol, as in tensor2tensor.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from t2t_lite.hparams_check import norm_placement
 from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
                                     SeedStream, dropout, timing_signal)
 
@@ -83,20 +86,35 @@ class Block(tf.Module):
     self.ffn_norm = LayerNorm(hidden, eps, "ffn_norm")
     self.ffn = FeedForward(init, hidden, hparams.filter_size, "ffn")
     self.decoder = decoder
+    self.pre_norm = norm_placement(hparams) == "pre_norm"
     self.rates = (hparams.layer_prepostprocess_dropout, hparams.attention_dropout,
                   hparams.relu_dropout)
 
+  def _residual(self, norm, sublayer, x, rate, seeds):
+    """Pre-norm x + dropout(f(norm(x))) or post-norm norm(x + dropout(f(x)))."""
+    if self.pre_norm:
+      return x + dropout(sublayer(norm(x)), rate, seeds)
+    return norm(x + dropout(sublayer(x), rate, seeds))
+
   def __call__(self, x, self_bias, seeds=None, memory=None, memory_bias=None, cache=None):
     post, attn, relu = self.rates if seeds is not None else (0.0, 0.0, 0.0)
-    y, new_self = self.self_attention(self.self_norm(x), self_bias, attn, seeds,
-                                      cache=None if cache is None else cache["self"])
-    x = x + dropout(y, post, seeds)
+    new_self = []
+
+    def self_attention(y):
+      y, updated = self.self_attention(y, self_bias, attn, seeds,
+                                       cache=None if cache is None else cache["self"])
+      new_self.append(updated)
+      return y
+
+    x = self._residual(self.self_norm, self_attention, x, post, seeds)
     if self.decoder:
-      y, _ = self.cross_attention(self.cross_norm(x), memory_bias, attn, seeds, memory=memory,
-                                  cache=None if cache is None else cache["cross"])
-      x = x + dropout(y, post, seeds)
-    x = x + dropout(self.ffn(self.ffn_norm(x), relu, seeds), post, seeds)
-    new_cache = None if cache is None else {"self": new_self, "cross": cache["cross"]}
+      x = self._residual(
+          self.cross_norm,
+          lambda y: self.cross_attention(y, memory_bias, attn, seeds, memory=memory,
+                                         cache=None if cache is None else cache["cross"])[0],
+          x, post, seeds)
+    x = self._residual(self.ffn_norm, lambda y: self.ffn(y, relu, seeds), x, post, seeds)
+    new_cache = None if cache is None else {"self": new_self[0], "cross": cache["cross"]}
     return x, new_cache
 
 
@@ -126,8 +144,11 @@ class Transformer(tf.Module):
                     for i in range(hparams.num_encoder_layers)]
     self.decoder = [Block(init, hparams, True, f"decoder_{i}")
                     for i in range(hparams.num_decoder_layers)]
-    self.encoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "encoder_norm")
-    self.decoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "decoder_norm")
+    # Pre-norm stacks end in a layer norm; post-norm blocks already end in one.
+    self.pre_norm = norm_placement(hparams) == "pre_norm"
+    if self.pre_norm:
+      self.encoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "encoder_norm")
+      self.decoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "decoder_norm")
 
   # --- pieces ------------------------------------------------------------------------
   def _embed(self, ids, table, positions):
@@ -135,7 +156,8 @@ class Transformer(tf.Module):
     return tf.cast(x + timing_signal(positions, self.hidden)[None], self.dtype)
 
   def _logits(self, x):
-    x = self.decoder_norm(x)
+    if self.pre_norm:
+      x = self.decoder_norm(x)
     if self.shared:
       shape = tf.shape(x)
       flat = tf.matmul(tf.reshape(x, [-1, self.hidden]), tf.cast(self.embedding, x.dtype),
@@ -155,7 +177,7 @@ class Transformer(tf.Module):
     x = dropout(x, self.rate, seeds)
     for block in self.encoder:
       x, _ = block(x, bias, seeds)
-    return self.encoder_norm(x), bias
+    return (self.encoder_norm(x) if self.pre_norm else x), bias
 
   def decode(self, targets_in, memory, memory_bias, seeds=None):
     """Teacher-forced decoder: shifted targets [B, T] -> logits [B, T, V] (float32)."""

@@ -1,0 +1,83 @@
+"""Which hparam values the code implements; anything else is refused, never ignored.
+
+Called wherever a set of hparams is about to be used (the CLIs through rundir.resolve, the
+model and the learner), without TensorFlow, so a bad value costs no start-up.
+"""
+
+from __future__ import annotations
+
+from t2t_lite.errors import UsageError
+
+# tensor2tensor's layer_preprocess_sequence / layer_postprocess_sequence pairs we build:
+# "n" before and "da" after each sublayer is pre-norm (tensor2tensor's default, with a layer
+# norm at the end of each stack); "none" before and "dan" after is the original paper's
+# post-norm (x = norm(x + dropout(sublayer(x))), no norm at the end of the stacks).
+NORM_SEQUENCES = {("n", "da"): "pre_norm", ("none", "dan"): "post_norm"}
+OPTIMIZERS = ("adam",)
+SCHEDULE_FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_hidden_size")
+
+
+def norm_placement(hparams) -> str:
+  """'pre_norm' or 'post_norm', or a usage error naming the supported pairs."""
+  pair = (hparams.layer_preprocess_sequence.strip() or "none",
+          hparams.layer_postprocess_sequence.strip())
+  if pair not in NORM_SEQUENCES:
+    supported = " or ".join(f"layer_preprocess_sequence={pre},layer_postprocess_sequence={post}"
+                            f" ({kind.replace('_', '-')})"
+                            for (pre, post), kind in NORM_SEQUENCES.items())
+    raise UsageError(f"layer_preprocess_sequence={hparams.layer_preprocess_sequence!r} with "
+                     f"layer_postprocess_sequence={hparams.layer_postprocess_sequence!r} is "
+                     f"not implemented; supported: {supported}")
+  return NORM_SEQUENCES[pair]
+
+
+def check_schedule(hparams) -> None:
+  for factor in hparams.learning_rate_schedule.split("*"):
+    if factor.strip() not in SCHEDULE_FACTORS:
+      raise UsageError(f"learning_rate_schedule has unknown factor '{factor.strip()}'; "
+                       f"known factors: {', '.join(SCHEDULE_FACTORS)} (joined by '*')")
+
+
+def check_batch_size(batch_size: int, max_length: int) -> None:
+  if batch_size < max_length:
+    raise UsageError(f"batch_size={batch_size} tokens cannot hold one sequence of "
+                     f"max_length={max_length}; raise batch_size or lower max_length "
+                     f"(--hparams=max_length={batch_size})")
+
+
+def _at_least(hparams, minimum, *names) -> None:
+  for name in names:
+    if getattr(hparams, name) < minimum:
+      raise UsageError(f"{name}={getattr(hparams, name)}: must be at least {minimum}")
+
+
+def _fraction(hparams, *names) -> None:
+  for name in names:
+    value = getattr(hparams, name)
+    if not 0.0 <= value < 1.0:
+      raise UsageError(f"{name}={value}: must be in [0, 1)")
+
+
+def check(hparams) -> None:
+  """A usage error for the first value the code does not implement."""
+  if hparams.optimizer.strip().lower() not in OPTIMIZERS:
+    raise UsageError(f"optimizer={hparams.optimizer!r} is not implemented; supported: "
+                     f"{', '.join(OPTIMIZERS)} (tensor2tensor's Adam, applied once per update)")
+  norm_placement(hparams)
+  check_schedule(hparams)
+  _at_least(hparams, 1, "hidden_size", "filter_size", "num_heads", "num_encoder_layers",
+            "num_decoder_layers", "max_length", "min_length_bucket", "shuffle_buffer_size",
+            "optimizer_multistep_accumulate_steps", "max_consecutive_nonfinite")
+  _at_least(hparams, 0, "effective_batch_tokens", "learning_rate_warmup_steps",
+            "clip_grad_norm", "learning_rate_constant")
+  _fraction(hparams, "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
+            "label_smoothing", "optimizer_adam_beta1", "optimizer_adam_beta2")
+  if hparams.hidden_size % hparams.num_heads:
+    raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
+                     f"num_heads={hparams.num_heads}")
+  check_batch_size(hparams.batch_size, hparams.max_length)
+  if hparams.length_bucket_step <= 1.0:
+    raise UsageError(f"length_bucket_step={hparams.length_bucket_step}: must be above 1.0 "
+                     "(bucket boundaries grow by this factor)")
+  if hparams.norm_epsilon <= 0.0 or hparams.optimizer_adam_epsilon <= 0.0:
+    raise UsageError("norm_epsilon and optimizer_adam_epsilon must be positive")
