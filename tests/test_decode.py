@@ -32,27 +32,28 @@ def inputs():
 
 
 def test_cached_decoding_matches_uncached(model, inputs):
-  cached = tf.function(lambda x: decode.greedy_search(model, x, 15, True))(inputs)
-  uncached = tf.function(
-      lambda x: decode.greedy_search(decode.Uncached(model), x, 15, True))(inputs)
+  cached = tf.function(lambda x: decode.greedy_search(model, x, 15, return_logits=True))(inputs)
+  uncached = tf.function(lambda x: decode.greedy_search(
+      decode.Uncached(model), x, 15, return_logits=True))(inputs)
   np.testing.assert_array_equal(cached[0].numpy(), uncached[0].numpy())
-  np.testing.assert_allclose(cached[1].numpy(), uncached[1].numpy(), atol=1e-5, rtol=0)
-  steps = cached[1].numpy()
+  np.testing.assert_allclose(cached[2].numpy(), uncached[2].numpy(), atol=1e-5, rtol=0)
+  steps = cached[2].numpy()
   assert steps.shape[1] == 15 and np.abs(np.diff(steps, axis=1)).max() > 1e-2, \
       "each step's logits should depend on the position and prefix"
 
 
 def test_uncached_beam_search_matches_cached(model, inputs):
-  cached = tf.function(lambda x: decode.beam_search(model, x, 12, 3, 0.6))(inputs).numpy()
-  uncached = tf.function(
-      lambda x: decode.beam_search(decode.Uncached(model), x, 12, 3, 0.6))(inputs).numpy()
-  np.testing.assert_array_equal(cached, uncached)
+  cached = tf.function(lambda x: decode.beam_search(model, x, 12, 3, 0.6))(inputs)
+  uncached = tf.function(lambda x: decode.beam_search(decode.Uncached(model), x, 12, 3, 0.6))(
+      inputs)
+  np.testing.assert_array_equal(cached[0].numpy(), uncached[0].numpy())
+  np.testing.assert_allclose(cached[1].numpy(), uncached[1].numpy(), atol=1e-5, rtol=0)
 
 
 def test_beam_of_one_is_greedy(model, inputs):
-  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs).numpy()
-  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 1, 0.0))(inputs).numpy()
-  np.testing.assert_array_equal(beam, greedy)
+  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs)[0].numpy()
+  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 1, 0.0))(inputs)[0].numpy()
+  np.testing.assert_array_equal(beam[:, 0], greedy)
 
 
 def test_beam_search_finds_a_likelier_sequence_than_greedy(model, inputs):
@@ -71,8 +72,8 @@ def test_beam_search_finds_a_likelier_sequence_than_greedy(model, inputs):
       out[i, :len(row)] = row
     return out
 
-  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs).numpy()
-  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 4, 0.0))(inputs).numpy()
+  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs)[0].numpy()
+  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 4, 0.0))(inputs)[0][:, 0].numpy()
   ended = [1 in g.tolist() and 1 in b.tolist() for g, b in zip(greedy, beam)]
   lp_greedy, lp_beam = log_prob(pad(greedy)), log_prob(pad(beam))
   assert all(b >= g - 1e-4 for b, g, e in zip(lp_beam, lp_greedy, ended) if e)
@@ -111,7 +112,8 @@ def test_decoder_keeps_order_and_empty_lines(tiny_run, tmp_path):
 def test_batched_translation_restores_the_input_order(model, monkeypatch):
   decoder = decode.Decoder(model, max_length=6)
   # An echo search: the "translation" of a row is the row itself, so order is visible.
-  monkeypatch.setattr(decoder, "_search", lambda *args: lambda inputs, length: inputs)
+  monkeypatch.setattr(decoder, "_search", lambda *args: lambda inputs, length: (
+      inputs[:, None], tf.zeros([tf.shape(inputs)[0], 1])))
   sources = [[5, 6, 7, 1], [8, 1], [9, 10, 11, 12, 13, 14, 15, 1], [16, 17, 1], [18, 1]]
   out = decoder.translate_ids(sources, beam_size=4, batch_size=2)
   assert out == [[5, 6, 7], [8], [9, 10, 11, 12, 13], [16, 17], [18]]  # long one cut to 6
