@@ -21,24 +21,51 @@ def length_penalty(length, alpha: float):
   return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
+CHUNK = 64  # candidate selection: vocabulary positions per chunk (see _top_candidates)
+
+
+def mask_padding(logits):
+  """Logits [N, V] with padding's (id 0, the start symbol, never an output) at -inf."""
+  vocab = logits.shape[-1]
+  return logits + tf.constant([-float("inf")] + [0.0] * (vocab - 1))
+
+
 def log_probs(logits):
-  """log_softmax of logits [N, V] with padding's log-probability at -inf."""
-  masked = tf.concat([tf.fill([tf.shape(logits)[0], 1], -float("inf")), logits[:, 1:]], 1)
-  return tf.nn.log_softmax(masked)
+  """Log-probabilities [N, V] from logits, padding's at -inf."""
+  masked = mask_padding(logits)
+  return masked - tf.reduce_logsumexp(masked, axis=-1, keepdims=True)
+
+
+def _top_candidates(masked, offset, beam: int, count: int):
+  """The `count` best (value, index) of masked[b * K + k, v] + offset[b, k] over k * V + v.
+
+  Equal to tf.math.top_k on the [B, K * V] sums, but a full top_k over K * V is slow on a CPU
+  (tens of ms for 4 x 8,000): the maxima of CHUNK-wide chunks pick the `count` chunks that
+  must hold the winners (each winner is at most its chunk's maximum), then a small top_k.
+  """
+  batch, vocab = tf.shape(offset)[0], masked.shape[-1]
+  if beam * vocab <= 4 * count * CHUNK:
+    sums = tf.reshape(masked, [batch, beam, vocab]) + offset[:, :, None]
+    return tf.math.top_k(tf.reshape(sums, [batch, beam * vocab]), k=count)
+  width = -(-vocab // CHUNK) * CHUNK
+  if width != vocab:
+    masked = tf.pad(masked, [[0, 0], [0, width - vocab]], constant_values=-float("inf"))
+  per_beam = width // CHUNK
+  chunks = tf.reshape(masked, [batch, beam * per_beam, CHUNK])
+  chunk_offset = tf.repeat(offset, per_beam, axis=1)  # [B, K * per_beam]
+  _, picked = tf.math.top_k(tf.reduce_max(chunks, axis=-1) + chunk_offset, k=count)
+  picked = tf.sort(picked, axis=-1)  # in index order, so ties resolve as top_k's do
+  values = (tf.gather(chunks, picked, batch_dims=1) +
+            tf.gather(chunk_offset, picked, batch_dims=1)[:, :, None])
+  top_values, position = tf.math.top_k(tf.reshape(values, [batch, count * CHUNK]), k=count)
+  index = tf.gather(picked, position // CHUNK, batch_dims=1) * CHUNK + position % CHUNK
+  beam_index, token = index // width, index % width
+  return top_values, beam_index * vocab + token
 
 
 def _loose(structure):
   """Shape invariants: the rank is kept, every dimension may change."""
   return tf.nest.map_structure(lambda t: tf.TensorShape([None] * t.shape.rank), structure)
-
-
-def _reorder(cache, origin, batch, beam):
-  """Selects the self-attention cache of each new beam's parent: origin [B, K]."""
-  def pick(t):
-    shaped = tf.reshape(t, tf.concat([[batch, beam], tf.shape(t)[1:]], 0))
-    return tf.reshape(tf.gather(shaped, origin, batch_dims=1), tf.shape(t))
-  return [{"self": tf.nest.map_structure(pick, layer["self"]), "cross": layer["cross"]}
-          for layer in cache]
 
 
 def _lengths(ids):
@@ -62,13 +89,14 @@ def greedy_search(model, inputs, decode_length, alpha: float = 0.0,
   logits_all = tf.zeros([batch, 0, model.vocab_size])
   finished = tf.zeros([batch], tf.bool)
   logp_sum = tf.zeros([batch])
-  cache = model.init_cache(memory, batch)
+  cache = model.init_cache(memory, 1, decode_length)
 
   def body(i, previous, ids, finished, logp_sum, cache, logits_all):
     logits, cache = model.decode_step(previous, i, cache, bias)
-    logp = log_probs(logits)
-    token = tf.where(finished, 0, tf.argmax(logp, axis=-1, output_type=tf.int32))
-    picked = tf.gather(logp, token[:, None], batch_dims=1)[:, 0]
+    masked = mask_padding(logits)
+    token = tf.where(finished, 0, tf.argmax(masked, axis=-1, output_type=tf.int32))
+    picked = (tf.gather(masked, token[:, None], batch_dims=1)[:, 0] -
+              tf.reduce_logsumexp(masked, axis=-1))
     logp_sum += tf.where(finished, 0.0, picked)
     ids = tf.concat([ids, token[:, None]], axis=1)
     if return_logits:
@@ -95,9 +123,7 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
   """
   memory, bias = model.encode(inputs)
   batch, beam = tf.shape(inputs)[0], beam_size
-  memory = tf.repeat(memory, beam, axis=0)
-  bias = tf.repeat(bias, beam, axis=0)
-  cache = model.init_cache(memory, batch * beam)
+  cache = model.init_cache(memory, beam, decode_length)
   vocab = model.vocab_size
   alive_seq = tf.zeros([batch, beam, 0], tf.int32)
   alive_logp = tf.tile(tf.constant([[0.0] + [-INF] * (beam_size - 1)]), [batch, 1])
@@ -110,9 +136,10 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
   def body(i, alive_seq, alive_logp, finished_seq, finished_scores, finished_flags, last,
            cache):
     logits, cache = model.decode_step(last, i, cache, bias)
-    logp = tf.reshape(log_probs(logits), [batch, beam, vocab])
-    candidates = tf.reshape(alive_logp[:, :, None] + logp, [batch, beam * vocab])
-    top_logp, top_index = tf.math.top_k(candidates, k=2 * beam_size)
+    masked = mask_padding(logits)
+    log_z = tf.reshape(tf.reduce_logsumexp(masked, axis=-1), [batch, beam])
+    top_logp, top_index = _top_candidates(masked, alive_logp - log_z, beam,
+                                            2 * beam_size)
     origin, token = top_index // vocab, top_index % vocab
     top_seq = tf.concat([tf.gather(alive_seq, origin, batch_dims=1), token[:, :, None]], 2)
     is_eos = tf.equal(token, EOS_ID)
@@ -122,7 +149,7 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
     alive_seq = tf.gather(top_seq, keep, batch_dims=1)
     alive_logp = tf.gather(top_logp, keep, batch_dims=1)
     last = tf.reshape(tf.gather(token, keep, batch_dims=1), [-1])
-    cache = _reorder(cache, tf.gather(origin, keep, batch_dims=1), batch, beam)
+    cache = model.reorder_cache(cache, tf.gather(origin, keep, batch_dims=1))
 
     # Candidates that ended compete with the finished ones, by length-normalised score.
     scores = top_logp / length_penalty(i + 1, alpha) - tf.cast(~is_eos, tf.float32) * INF
@@ -194,13 +221,20 @@ class Uncached:
   def encode(self, inputs):
     return self.model.encode(inputs)
 
-  def init_cache(self, memory, batch_size):
-    return [{"self": {"ids": tf.zeros([batch_size, 0], tf.int32)}, "cross": {"memory": memory}}]
+  def init_cache(self, memory, beam_size: int, max_length):
+    del max_length  # the prefix grows as needed
+    return {"ids": tf.zeros([tf.shape(memory)[0], beam_size, 0], tf.int32), "memory": memory}
+
+  def reorder_cache(self, cache, origin):
+    return {"ids": tf.gather(cache["ids"], origin, batch_dims=1), "memory": cache["memory"]}
 
   def decode_step(self, ids, position, cache, memory_bias):
-    prefix = tf.concat([cache[0]["self"]["ids"], ids[:, None]], axis=1)
-    logits = self.model.decode(prefix, cache[0]["cross"]["memory"], memory_bias)[:, -1]
-    return logits, [{"self": {"ids": prefix}, "cross": cache[0]["cross"]}]
+    batch, beam = tf.unstack(tf.shape(cache["ids"])[:2])
+    prefix = tf.concat([cache["ids"], tf.reshape(ids, [batch, beam, 1])], axis=2)
+    rows = tf.reshape(prefix, [batch * beam, -1])
+    logits = self.model.decode(rows, tf.repeat(cache["memory"], beam, axis=0),
+                               tf.repeat(memory_bias, beam, axis=0))[:, -1]
+    return logits, {"ids": prefix, "memory": cache["memory"]}
 
 
 class Decoder:

@@ -132,25 +132,49 @@ class Attention(tf.Module):
   def __call__(self, x, bias, rate: float = 0.0, seeds=None, memory=None, cache=None):
     """x: [B, T, D]; bias: broadcastable to [B, H, T, S] (float32, -1e9 where masked).
 
-    cache (self-attention, incremental decoding): {"k", "v"} of the positions so far; the new
-    keys and values are appended and returned in the new cache. For encoder-decoder
-    attention, cache may hold the precomputed {"k", "v"} of `memory`.
+    cache, self-attention (incremental decoding, T = 1): {"k", "v"}: buffers [max_length, B,
+    H, d] of every step's keys and values, "position": this step, written in place there,
+    "index": [B, H, steps] rows of the buffers (seen as [max_length * B * H, d]) to attend to;
+    the updated {"k", "v"} are returned. Encoder-decoder attention: cache may hold the
+    {"k", "v"} [B', H, S, d] of `memory`; with B = beams * B', each row's beams are folded
+    into the query dimension, so the memory is read once per sentence, not once per beam.
     """
     new_cache = None
+    shape = tf.shape(x)
     if self.self_attention:
-      q, k, v = (split_heads(t, self.num_heads) for t in tf.split(self.qkv(x), 3, axis=-1))
+      q, k, v = tf.split(self.qkv(x), 3, axis=-1)
+      q = split_heads(q, self.num_heads)
       if cache is not None:
-        k = tf.concat([cache["k"], k], axis=2)
-        v = tf.concat([cache["v"], v], axis=2)
-        new_cache = {"k": k, "v": v}
+        k, v, new_cache = self._cached_keys(k, v, cache)
+      else:
+        k, v = split_heads(k, self.num_heads), split_heads(v, self.num_heads)
+    elif cache is not None:
+      k, v = cache["k"], cache["v"]
+      x = tf.reshape(x, [tf.shape(k)[0], -1, self.hidden])  # [B', beams * T, D]
+      q = split_heads(self.q(x), self.num_heads)
     else:
       q = split_heads(self.q(x), self.num_heads)
-      k, v = (cache["k"], cache["v"]) if cache is not None else self.memory_kv(memory)
+      k, v = self.memory_kv(memory)
     depth = self.hidden // self.num_heads
     logits = tf.matmul(q * tf.cast(depth ** -0.5, q.dtype), k, transpose_b=True)
     weights = tf.nn.softmax(tf.cast(logits, tf.float32) + bias)
     weights = dropout(tf.cast(weights, x.dtype), rate, seeds)
-    return self.output(merge_heads(tf.matmul(weights, v), self.hidden)), new_cache
+    y = self.output(merge_heads(tf.matmul(weights, v), self.hidden))
+    return tf.reshape(y, shape), new_cache
+
+  def _cached_keys(self, k, v, cache):
+    """Writes this step's k, v [B, 1, D] into the buffers; gathers the attended ones."""
+    depth = self.hidden // self.num_heads
+    rows = tf.shape(k)[0]
+    buffers = {}
+    for name, new in (("k", k), ("v", v)):
+      # InplaceUpdate reuses the buffer when nothing else holds it (every step but the first).
+      buffers[name] = tf.raw_ops.InplaceUpdate(
+          x=cache[name], i=cache["position"][None],
+          v=tf.reshape(new, [1, rows, self.num_heads, depth]))
+    flat = lambda t: tf.reshape(t, [-1, depth])  # noqa: E731
+    return (tf.gather(flat(buffers["k"]), cache["index"]),
+            tf.gather(flat(buffers["v"]), cache["index"]), buffers)
 
 
 class FeedForward(tf.Module):

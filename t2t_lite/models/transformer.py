@@ -204,21 +204,54 @@ class Transformer(tf.Module):
     return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
 
   # --- incremental decoding ----------------------------------------------------------
-  def init_cache(self, memory, batch_size):
-    """Per decoder layer: empty self-attention keys/values and the memory's keys/values."""
+  # The self-attention keys and values of every step live in one preallocated buffer per
+  # layer, [max_length, batch * beam, heads, depth], written in place at each step and never
+  # copied or reordered: beam search records each beam's parent instead ("parents"), and a
+  # step gathers the keys and values along each beam's ancestry. The encoder-decoder keys and
+  # values are computed once per sentence (not per beam), [batch, heads, source, depth].
+  def init_cache(self, memory, beam_size: int, max_length):
+    """Decoding state for `beam_size` hypotheses per row of memory [B, S, D], for at most
+    `max_length` steps."""
     heads = self.decoder[0].self_attention.num_heads
-    empty = tf.zeros([batch_size, heads, 0, self.hidden // heads], self.dtype)
-    cache = []
+    rows = tf.shape(memory)[0] * beam_size
+    # Uninitialised: a step reads only the positions written before it.
+    shape = tf.stack([max_length, rows, heads, self.hidden // heads])
+    layers = []
     for block in self.decoder:
       k, v = block.cross_attention.memory_kv(memory)
-      cache.append({"self": {"k": empty, "v": empty}, "cross": {"k": k, "v": v}})
-    return cache
+      layers.append({"self": {"k": tf.raw_ops.Empty(shape=shape, dtype=self.dtype),
+                              "v": tf.raw_ops.Empty(shape=shape, dtype=self.dtype)},
+                     "cross": {"k": k, "v": v}})
+    return {"layers": layers,
+            "parents": tf.zeros([tf.shape(memory)[0], beam_size, 0], tf.int32)}
+
+  def reorder_cache(self, cache, origin):
+    """The cache for the beams that continue beams `origin` [B, K] (indices within a row)."""
+    return {"layers": cache["layers"],
+            "parents": tf.gather(cache["parents"], origin, batch_dims=1)}
 
   def decode_step(self, ids, position, cache, memory_bias):
-    """One decoder step with a key/value cache: ids [B] at `position` -> logits [B, V]."""
+    """One decoder step: ids [B * K] at `position` -> (logits [B * K, V], the new cache).
+
+    memory_bias is the encoder's [B, 1, 1, S] (one per sentence, shared by its beams).
+    """
+    heads = self.decoder[0].self_attention.num_heads
+    batch, beam = tf.unstack(tf.shape(cache["parents"])[:2])
+    rows = batch * beam
+    # Each beam's own slot at this step, then the slot of its ancestor at each earlier one.
+    parents = tf.concat([cache["parents"],
+                         tf.broadcast_to(tf.range(beam)[None, :, None], [batch, beam, 1])], 2)
+    steps = tf.shape(parents)[2]
+    slots = (tf.range(steps)[None, None, :] * rows + (tf.range(batch) * beam)[:, None, None] +
+             parents)
+    # Rows of the buffer seen as [max_length * rows * heads, depth]: [B * K, H, steps].
+    index = tf.reshape(slots, [rows, 1, steps]) * heads + tf.range(heads)[None, :, None]
     x = self._embed(ids[:, None], self._target_table(), position[None])
-    new_cache = []
-    for block, layer_cache in zip(self.decoder, cache):
-      x, updated = block(x, tf.zeros([1, 1, 1, 1]), None, None, memory_bias, layer_cache)
-      new_cache.append(updated)
-    return self._logits(x)[:, 0], new_cache
+    layers = []
+    for block, layer in zip(self.decoder, cache["layers"]):
+      own = {**layer["self"], "position": position, "index": index}
+      x, updated = block(x, tf.zeros([1, 1, 1, 1]), None, None, memory_bias,
+                         {"self": own, "cross": layer["cross"]})
+      layers.append({"self": {"k": updated["self"]["k"], "v": updated["self"]["v"]},
+                     "cross": layer["cross"]})
+    return self._logits(x)[:, 0], {"layers": layers, "parents": parents}
