@@ -10,6 +10,7 @@ from absl import flags, logging
 from t2t_lite.cli import common
 from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
+from t2t_lite.restore import load_model
 
 flags.DEFINE_string("problem", None, "Registered problem (default: the run's).")
 flags.DEFINE_string("hparams_set", None, "Hparams set (default: the run's hparams.json).")
@@ -17,9 +18,14 @@ flags.DEFINE_string("hparams", "", "Overrides for --hparams_set.")
 flags.DEFINE_string("data_dir", None, "Datagen directory with the vocabulary (default: the run's).")
 flags.DEFINE_string("output_dir", None, "The training (or averaged) run directory.")
 flags.DEFINE_string("checkpoint_path", None, "A checkpoint (default: the newest in output_dir).")
-flags.DEFINE_string("decode_hparams", "", "beam_size, alpha, batch_size, extra_decode_length.")
+flags.DEFINE_string("decode_hparams", "", "beam_size, alpha, batch_size, extra_decode_length "
+                    "(with --engine=ctranslate2, the export's unless given here).")
 flags.DEFINE_string("decode_from_file", None, "Source text, one sentence a line (.gz allowed).")
 flags.DEFINE_string("decode_to_file", None, "Where the translations go.")
+flags.DEFINE_enum("engine", "tensorflow", ["tensorflow", "ctranslate2"],
+                  "Who decodes: t2t-lite's own search over a checkpoint (tensorflow), or a "
+                  "t2t-lite-exporter --format=ctranslate2 export (ctranslate2, --export_dir).")
+flags.DEFINE_string("export_dir", None, "The CTranslate2 export, with --engine=ctranslate2.")
 FLAGS = flags.FLAGS
 
 
@@ -33,29 +39,25 @@ def decode_hparams(spec: str):
   return hparams
 
 
-def load_model(output_dir, checkpoint_path, hparams_set, overrides, problem_name, data_dir):
-  """(model, vocab, hparams) restored from a run directory or checkpoint."""
-  from t2t_lite import registry, rundir
-  # The run's recorded values, under its set or another one; --hparams may change them.
-  hparams, meta, _ = rundir.resolve(hparams_set, overrides, output_dir, allow_change=True)
-  if not hparams_set and meta is None:
-    raise UsageError("give --output_dir of a training run (with its hparams.json) or "
-                     "--hparams_set")
-  problem = registry.problem(problem_name or (meta or {}).get("problem") or "")
-  data_dir = data_dir or (meta or {}).get("data_dir")
-  common.require(data_dir, "data_dir", "data/multi30k_ende")
-  vocab = problem.get_vocab(data_dir)
-  tf = common.import_tensorflow()
-  path = checkpoint_path or (tf.train.latest_checkpoint(output_dir) if output_dir else None)
-  if not path:
-    raise UsageError(f"no checkpoint found in {output_dir}; pass --checkpoint_path")
-  model = registry.model(hparams.model)(hparams, vocab.size)
-  try:
-    tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
-  except (tf.errors.OpError, ValueError, AssertionError) as err:
-    raise UsageError(f"cannot restore {path}: {str(err).splitlines()[0][:200]}") from None
-  logging.info("restored %s", path)
-  return model, vocab, hparams
+def ctranslate2_engine(options):
+  """(decoder, vocab, max_length) of --export_dir; the checkpoint flags are refused."""
+  common.require(FLAGS.export_dir, "export_dir", "exports/ende_ct2")
+  given = [name for name in ("output_dir", "checkpoint_path", "hparams_set", "hparams",
+                             "problem", "data_dir") if getattr(FLAGS, name)]
+  if given:
+    raise UsageError(f"--{given[0]} is not read with --engine=ctranslate2: the export holds "
+                     "the model and its vocabulary; drop it")
+  from t2t_lite.export import read_info
+  from t2t_lite.export.ctranslate2_decoder import Ctranslate2Decoder
+  from t2t_lite.problems.vocab import SubwordVocab
+  # The export's own beam_size, alpha and extra_decode_length unless --decode_hparams sets them.
+  given_keys = {entry.split("=")[0].strip() for entry in FLAGS.decode_hparams.split(",")}
+  info = read_info(FLAGS.export_dir, "ctranslate2")
+  for key in ("beam_size", "alpha", "extra_decode_length"):
+    if key not in given_keys:
+      options.set_hparam(key, info[key])
+  decoder = Ctranslate2Decoder(FLAGS.export_dir, options.extra_decode_length)
+  return decoder, SubwordVocab(decoder.vocab_file), decoder.max_length
 
 
 def main() -> None:
@@ -68,19 +70,27 @@ def main() -> None:
   if not lines:
     raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} is empty; nothing to decode")
   options = decode_hparams(FLAGS.decode_hparams)
-  model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
-                                     FLAGS.hparams, FLAGS.problem, FLAGS.data_dir)
+  if FLAGS.engine == "ctranslate2":
+    decoder, vocab, max_length = ctranslate2_engine(options)
+  else:
+    if FLAGS.export_dir:
+      raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
+                       "--output_dir alone for the tensorflow engine")
+    model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path,
+                                       FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
+                                       FLAGS.data_dir)
+    max_length = hparams.max_length
+    from t2t_lite import decode
+    decoder = decode.Decoder(model, max_length, options.extra_decode_length)
   sources, positions = [], []
   for index, line in enumerate(lines):
     if line.strip():  # an empty line translates to an empty line
       ids = vocab.encode(line.strip())
-      if len(ids) > hparams.max_length:
+      if len(ids) > max_length:
         logging.warning("line %d has %d tokens; only the first %d are translated", index + 1,
-                        len(ids), hparams.max_length)
+                        len(ids), max_length)
       sources.append(ids)
       positions.append(index)
-  from t2t_lite import decode
-  decoder = decode.Decoder(model, hparams.max_length, options.extra_decode_length)
   outputs = decoder.translate_ids(sources, options.beam_size, options.alpha, options.batch_size,
                                   options.use_cache)
   translations = [""] * len(lines)

@@ -1,0 +1,105 @@
+"""t2t-lite-exporter: a trained (or averaged) run as a SavedModel or a CTranslate2 model."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags, logging
+
+from t2t_lite.cli import common
+from t2t_lite.errors import UsageError
+
+flags.DEFINE_string("output_dir", None, "The training (or averaged) run directory.")
+flags.DEFINE_string("checkpoint_path", None, "A checkpoint (default: the newest in output_dir).")
+flags.DEFINE_string("data_dir", None, "Datagen directory with the vocabulary (default: the run's).")
+flags.DEFINE_string("export_dir", None, "Where the export goes (written whole or not at all).")
+flags.DEFINE_string("format", "saved_model", "saved_model or ctranslate2.")
+flags.DEFINE_string("decode_hparams", "",
+                    "beam_size, alpha, return_beams (saved_model), extra_decode_length.")
+flags.DEFINE_string("quantization", "none",
+                    "CTranslate2 weights: none (float32), int8, int16 or float16.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_dir.")
+FLAGS = flags.FLAGS
+
+
+def export_hparams(spec: str, export_format: str):
+  """The decoding settings an export is built with; every key is used or refused."""
+  from t2t_lite.hparams import HParams
+  hparams = HParams(beam_size=4, alpha=0.6, return_beams=False, extra_decode_length=50)
+  hparams.parse(spec)
+  if hparams.beam_size < 1:
+    raise UsageError("--decode_hparams: beam_size must be at least 1")
+  if hparams.extra_decode_length < 0:
+    raise UsageError("--decode_hparams: extra_decode_length must be at least 0")
+  if hparams.return_beams and export_format != "saved_model":
+    raise UsageError("--decode_hparams: return_beams is a SavedModel setting; CTranslate2 "
+                     "returns n-best lists through its num_hypotheses option")
+  return hparams
+
+
+def check_flags() -> None:
+  """Usage errors that need no TensorFlow: flags, formats, the export directory."""
+  from t2t_lite.export import FORMATS, check_export_dir
+  from t2t_lite.export.ctranslate2_model import QUANTIZATIONS
+  if not FLAGS.output_dir and not FLAGS.checkpoint_path:
+    raise UsageError("--output_dir is required, e.g. --output_dir=runs/ende/avg")
+  if not FLAGS.output_dir:
+    raise UsageError("--output_dir is required (the run's hparams.json says what model the "
+                     "checkpoint holds), e.g. --output_dir=runs/ende/avg")
+  common.require(FLAGS.export_dir, "export_dir", "exports/ende")
+  if FLAGS.format not in FORMATS:
+    raise UsageError(f"--format={FLAGS.format} is unknown; supported: {', '.join(FORMATS)}")
+  if FLAGS.quantization not in QUANTIZATIONS:
+    raise UsageError(f"--quantization={FLAGS.quantization} is unknown; supported: "
+                     f"{', '.join(QUANTIZATIONS)}")
+  if FLAGS.quantization != "none" and FLAGS.format != "ctranslate2":
+    raise UsageError(f"--quantization={FLAGS.quantization} applies to --format=ctranslate2 "
+                     "only; a SavedModel keeps the float32 weights")
+  if not os.path.isdir(FLAGS.output_dir):
+    raise UsageError(f"--output_dir={FLAGS.output_dir} is not a directory")
+  checkpoint_files = []
+  if FLAGS.checkpoint_path:
+    checkpoint_files = [FLAGS.checkpoint_path, os.path.dirname(FLAGS.checkpoint_path) or "."]
+  check_export_dir(FLAGS.export_dir, [FLAGS.output_dir, *checkpoint_files], FLAGS.overwrite)
+  common.check_writable_dir(os.path.dirname(os.path.abspath(FLAGS.export_dir)), "export_dir")
+
+
+def main() -> None:
+  check_flags()
+  options = export_hparams(FLAGS.decode_hparams, FLAGS.format)
+  from t2t_lite import export
+  from t2t_lite.restore import load_model
+  model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path, None, "", None,
+                                     FLAGS.data_dir)
+  # The vocabulary is read too: an export_dir holding it is refused like one holding the run.
+  export.check_export_dir(FLAGS.export_dir, [os.path.dirname(vocab.model_file)], True)
+  tf = common.import_tensorflow()
+  checkpoint = FLAGS.checkpoint_path or tf.train.latest_checkpoint(FLAGS.output_dir)
+  if FLAGS.format == "ctranslate2":
+    from t2t_lite.export import ctranslate2_model as exporter
+    exporter.check_expressible(hparams)
+  else:
+    from t2t_lite.export import saved_model as exporter
+    exporter.check_expressible(hparams)
+  info = {"format": FLAGS.format, "source": os.path.abspath(FLAGS.output_dir),
+          "checkpoint": os.path.abspath(checkpoint), "max_length": hparams.max_length,
+          "beam_size": options.beam_size, "alpha": options.alpha,
+          "extra_decode_length": options.extra_decode_length}
+  with export.atomic_directory(FLAGS.export_dir) as tmp:
+    if FLAGS.format == "ctranslate2":
+      info.update(exporter.export(model, hparams, vocab.model_file, tmp, FLAGS.quantization))
+    else:
+      info["return_beams"] = options.return_beams
+      exporter.export(model, hparams, vocab.model_file, tmp, options)
+    export.write_info(tmp, info)
+  logging.info("exported %s", FLAGS.export_dir)
+  print(f"exported {FLAGS.format} -> {FLAGS.export_dir}", file=sys.stderr)
+
+
+def run() -> None:
+  common.run(main, "t2t-lite-exporter")
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,135 @@
+"""Exports of a trained run for serving: a TensorFlow SavedModel and a CTranslate2 model.
+
+An export is built in a temporary directory beside `export_dir` and renamed into place only
+once complete, so a crash or kill leaves either no export or the previous one untouched.
+Each export holds `t2t_lite_export.json`: what it was made from and its decoding settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import shutil
+import signal
+import tempfile
+
+from t2t_lite.errors import UsageError
+
+FORMATS = ("saved_model", "ctranslate2")
+INFO_FILE = "t2t_lite_export.json"
+VOCAB_FILE = "sentencepiece.model"
+
+# Fault injection for the tests: "export:written" kills the process (SIGKILL) once the new
+# export is complete in its temporary directory, just before it is renamed into place.
+_FAULT = os.environ.get("T2T_LITE_FAULT", "")
+
+
+def _real(path: str) -> str:
+  return os.path.realpath(os.path.abspath(path))
+
+
+def _overlaps(a: str, b: str) -> bool:
+  """True when a and b are the same path or one lies inside the other."""
+  a, b = _real(a), _real(b)
+  return a == b or a.startswith(b.rstrip(os.sep) + os.sep) or b.startswith(a.rstrip(os.sep) + os.sep)
+
+
+def check_export_dir(export_dir: str, inputs: list[str], overwrite: bool) -> None:
+  """Usage errors for an export_dir that overlaps an input or holds an export already."""
+  for path in inputs:
+    if path and _overlaps(export_dir, path):
+      raise UsageError(f"--export_dir={export_dir} overlaps {path}, which the export reads; "
+                       "choose a directory outside the run")
+  if os.path.exists(export_dir):
+    if not os.path.isdir(export_dir):
+      raise UsageError(f"--export_dir={export_dir} is a file; choose a directory")
+    if os.listdir(export_dir) and not overwrite:
+      raise UsageError(f"--export_dir={export_dir} is not empty; pass --overwrite to replace "
+                       "it, or choose another directory")
+
+
+def _swap(new: str, old: str) -> bool:
+  """Atomically exchanges two directories (Linux renameat2); False where unsupported."""
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    rename_exchange, at_fdcwd = 2, -100
+    if libc.renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(old),
+                      rename_exchange) == 0:
+      return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP):
+      return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), old)
+  except AttributeError:  # no renameat2 in this C library
+    return False
+
+
+def _remove_stale_temporaries(parent: str, prefix: str) -> None:
+  """Temporary directories of killed exports to the same place (their process is gone)."""
+  for name in os.listdir(parent):
+    if not name.startswith(prefix) or name.endswith(".old"):
+      continue  # a moved-aside previous export is never removed unasked
+    pid = name[len(prefix):].split(".", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+      continue
+    try:
+      os.kill(int(pid), 0)
+    except ProcessLookupError:
+      shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    except PermissionError:
+      pass
+
+
+@contextlib.contextmanager
+def atomic_directory(export_dir: str):
+  """Yields an empty temporary directory beside `export_dir`; renames it into place on success.
+
+  An existing `export_dir` (the caller checked --overwrite) is swapped out atomically where
+  the system allows it; otherwise it is moved aside and removed only after the new one is in
+  place.
+  """
+  export_dir = os.path.abspath(export_dir)
+  parent, name = os.path.split(export_dir)
+  os.makedirs(parent, exist_ok=True)
+  prefix = f".{name}.tmp-"
+  _remove_stale_temporaries(parent, prefix)
+  tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the export private
+  try:
+    yield tmp
+    if _FAULT == "export:written":
+      os.kill(os.getpid(), signal.SIGKILL)
+    if not os.path.exists(export_dir):
+      os.rename(tmp, export_dir)
+    elif not _swap(tmp, export_dir):
+      aside = f"{tmp}.old"
+      os.rename(export_dir, aside)
+      os.rename(tmp, export_dir)
+      tmp = aside
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp)
+
+
+def write_info(directory: str, info: dict) -> None:
+  with open(os.path.join(directory, INFO_FILE), "w") as f:
+    json.dump(info, f, indent=2, sort_keys=True)
+
+
+def read_info(export_dir: str, expected_format: str) -> dict:
+  """The export's t2t_lite_export.json; a usage error when it is not an export of that format."""
+  path = os.path.join(export_dir, INFO_FILE)
+  try:
+    with open(path) as f:
+      info = json.load(f)
+  except (OSError, ValueError):
+    raise UsageError(f"--export_dir={export_dir} is not a t2t-lite export (no readable "
+                     f"{INFO_FILE}); create one with t2t-lite-exporter") from None
+  if info.get("format") != expected_format:
+    raise UsageError(f"--export_dir={export_dir} holds a {info.get('format')} export, not "
+                     f"{expected_format}; export with --format={expected_format}")
+  return info
