@@ -119,67 +119,107 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
   """Beam search: (ids [B, K, T], scores [B, K]), the K best hypotheses per input, best first.
 
   Finished hypotheses (ending in EOS, then padding) come first; where fewer than K finished,
-  the best unfinished ones fill the rest, scored by their length T.
+  the best unfinished ones fill the rest, scored by their length. An input is settled once no
+  alive hypothesis can beat its finished ones (tensor2tensor's bound, per input): its result
+  is written then, so it does not depend on the other inputs of the batch, and settled inputs
+  leave the batch (as soon as a quarter of it has settled), so the work shrinks as it goes.
   """
+  decode_length = tf.maximum(decode_length, 1)
   memory, bias = model.encode(inputs)
   batch, beam = tf.shape(inputs)[0], beam_size
   cache = model.init_cache(memory, beam, decode_length)
   vocab = model.vocab_size
-  alive_seq = tf.zeros([batch, beam, 0], tf.int32)
-  alive_logp = tf.tile(tf.constant([[0.0] + [-INF] * (beam_size - 1)]), [batch, 1])
-  finished_seq = tf.zeros([batch, beam, 0], tf.int32)
-  finished_scores = tf.fill([batch, beam], -INF)
-  finished_flags = tf.zeros([batch, beam], tf.bool)
-  last = tf.zeros([batch * beam], tf.int32)
   max_penalty = length_penalty(decode_length, alpha)
+  state = {
+      "rows": tf.range(batch),  # the input each row of the state below stands for
+      "alive_seq": tf.zeros([batch, beam, 0], tf.int32),
+      "alive_logp": tf.tile(tf.constant([[0.0] + [-INF] * (beam_size - 1)]), [batch, 1]),
+      "finished_seq": tf.zeros([batch, beam, 0], tf.int32),
+      "finished_scores": tf.fill([batch, beam], -INF),
+      "finished_flags": tf.zeros([batch, beam], tf.bool),
+      "settled": tf.zeros([batch], tf.bool),
+      "last": tf.zeros([batch * beam], tf.int32),
+      "bias": bias,
+      "cache": cache,
+  }
+  out_ids = tf.zeros([batch, beam, decode_length], tf.int32)
+  out_scores = tf.zeros([batch, beam])
 
-  def body(i, alive_seq, alive_logp, finished_seq, finished_scores, finished_flags, last,
-           cache):
-    logits, cache = model.decode_step(last, i, cache, bias)
+  def grow(s, i):
+    """One step: 2K candidates, the K best unfinished stay alive, the ended ones compete."""
+    logits, cache = model.decode_step(s["last"], i, s["cache"], s["bias"])
+    rows = tf.shape(s["rows"])[0]
     masked = mask_padding(logits)
-    log_z = tf.reshape(tf.reduce_logsumexp(masked, axis=-1), [batch, beam])
-    top_logp, top_index = _top_candidates(masked, alive_logp - log_z, beam,
-                                            2 * beam_size)
+    log_z = tf.reshape(tf.reduce_logsumexp(masked, axis=-1), [rows, beam])
+    top_logp, top_index = _top_candidates(masked, s["alive_logp"] - log_z, beam, 2 * beam)
     origin, token = top_index // vocab, top_index % vocab
-    top_seq = tf.concat([tf.gather(alive_seq, origin, batch_dims=1), token[:, :, None]], 2)
+    top_seq = tf.concat([tf.gather(s["alive_seq"], origin, batch_dims=1), token[:, :, None]], 2)
     is_eos = tf.equal(token, EOS_ID)
 
-    # The K best candidates that did not end stay alive.
-    _, keep = tf.math.top_k(top_logp - tf.cast(is_eos, tf.float32) * INF, k=beam_size)
-    alive_seq = tf.gather(top_seq, keep, batch_dims=1)
-    alive_logp = tf.gather(top_logp, keep, batch_dims=1)
-    last = tf.reshape(tf.gather(token, keep, batch_dims=1), [-1])
-    cache = model.reorder_cache(cache, tf.gather(origin, keep, batch_dims=1))
-
-    # Candidates that ended compete with the finished ones, by length-normalised score.
+    _, keep = tf.math.top_k(top_logp - tf.cast(is_eos, tf.float32) * INF, k=beam)
     scores = top_logp / length_penalty(i + 1, alpha) - tf.cast(~is_eos, tf.float32) * INF
-    padded = tf.pad(finished_seq, [[0, 0], [0, 0], [0, 1]])
-    all_seq = tf.concat([padded, top_seq], axis=1)
-    all_scores = tf.concat([finished_scores, scores], axis=1)
-    all_flags = tf.concat([finished_flags, is_eos], axis=1)
-    finished_scores, best = tf.math.top_k(all_scores, k=beam_size)
-    finished_seq = tf.gather(all_seq, best, batch_dims=1)
-    finished_flags = tf.gather(all_flags, best, batch_dims=1)
-    return (i + 1, alive_seq, alive_logp, finished_seq, finished_scores, finished_flags,
-            last, cache)
+    padded = tf.pad(s["finished_seq"], [[0, 0], [0, 0], [0, 1]])
+    finished_scores, best = tf.math.top_k(tf.concat([s["finished_scores"], scores], 1), k=beam)
+    return {**s,
+            "alive_seq": tf.gather(top_seq, keep, batch_dims=1),
+            "alive_logp": tf.gather(top_logp, keep, batch_dims=1),
+            "last": tf.reshape(tf.gather(token, keep, batch_dims=1), [-1]),
+            "cache": model.reorder_cache(cache, tf.gather(origin, keep, batch_dims=1)),
+            "finished_seq": tf.gather(tf.concat([padded, top_seq], 1), best, batch_dims=1),
+            "finished_scores": finished_scores,
+            "finished_flags": tf.gather(tf.concat([s["finished_flags"], is_eos], 1), best,
+                                        batch_dims=1)}
 
-  def cond(i, alive_seq, alive_logp, finished_seq, finished_scores, finished_flags, last,
-           cache):
-    # tensor2tensor's bound: stop when no alive hypothesis, even at the longest length's
-    # penalty, can beat the lowest-scoring finished one (rows with none finished go on).
-    best_alive = alive_logp[:, 0] / max_penalty
+  def bound_met(s):
+    # tensor2tensor's bound: no alive hypothesis, even at the longest length's penalty, can
+    # beat the lowest-scoring finished one (a row with none finished goes on).
+    best_alive = s["alive_logp"][:, 0] / max_penalty
     lowest_finished = tf.reduce_min(
-        tf.where(finished_flags, finished_scores, tf.fill(tf.shape(finished_scores), INF)),
-        axis=1)
-    lowest_finished = tf.where(tf.reduce_any(finished_flags, axis=1), lowest_finished, -INF)
-    return (i < decode_length) & ~tf.reduce_all(lowest_finished > best_alive)
+        tf.where(s["finished_flags"], s["finished_scores"], INF), axis=1)
+    return tf.reduce_any(s["finished_flags"], axis=1) & (lowest_finished > best_alive)
 
-  loop_vars = (tf.constant(0), alive_seq, alive_logp, finished_seq, finished_scores,
-               finished_flags, last, cache)
-  out = tf.while_loop(cond, body, loop_vars, shape_invariants=_loose(loop_vars))
-  steps, alive_seq, alive_logp, finished_seq, finished_scores, finished_flags, _, _ = out
-  return _nbest(finished_seq, finished_scores, finished_flags, alive_seq,
-                alive_logp / length_penalty(steps, alpha))
+  def settle(s, i, out_ids, out_scores):
+    """Writes the results of the rows that settle now (at step i or at the length limit)."""
+    now = ~s["settled"] & (bound_met(s) | (i >= decode_length))
+
+    def write():
+      ids, scores = _nbest(s["finished_seq"], s["finished_scores"], s["finished_flags"],
+                           s["alive_seq"], s["alive_logp"] / length_penalty(i, alpha))
+      where = tf.where(now)[:, 0]
+      targets = tf.gather(s["rows"], where)[:, None]
+      ids = tf.pad(tf.gather(ids, where), [[0, 0], [0, 0], [0, decode_length - i]])
+      return (tf.tensor_scatter_nd_update(out_ids, targets, ids),
+              tf.tensor_scatter_nd_update(out_scores, targets, tf.gather(scores, where)))
+
+    out_ids, out_scores = tf.cond(tf.reduce_any(now), write, lambda: (out_ids, out_scores))
+    return {**s, "settled": s["settled"] | now}, out_ids, out_scores
+
+  def shrink(s):
+    """The state of the unsettled rows only."""
+    keep = tf.cast(tf.where(~s["settled"])[:, 0], tf.int32)
+    gather = lambda t: tf.gather(t, keep)  # noqa: E731
+    beams = tf.reshape(keep[:, None] * beam + tf.range(beam), [-1])
+    return {**{name: gather(s[name]) for name in
+               ("rows", "alive_seq", "alive_logp", "finished_seq", "finished_scores",
+                "finished_flags", "settled", "bias")},
+            "last": tf.gather(s["last"], beams),
+            "cache": model.select_rows(s["cache"], keep)}
+
+  def body(i, s, out_ids, out_scores):
+    s = grow(s, i)
+    s, out_ids, out_scores = settle(s, i + 1, out_ids, out_scores)
+    count = tf.shape(s["rows"])[0]
+    settled = tf.reduce_sum(tf.cast(s["settled"], tf.int32))
+    s = tf.cond((4 * settled >= count) & (settled < count), lambda: shrink(s), lambda: s)
+    return i + 1, s, out_ids, out_scores
+
+  def cond(i, s, out_ids, out_scores):
+    return ~tf.reduce_all(s["settled"])
+
+  loop_vars = (tf.constant(0), state, out_ids, out_scores)
+  steps, _, out_ids, out_scores = tf.while_loop(cond, body, loop_vars,
+                                                shape_invariants=_loose(loop_vars))
+  return out_ids[:, :, :steps], out_scores
 
 
 def _nbest(finished_seq, finished_scores, finished_flags, alive_seq, alive_scores):
@@ -228,6 +268,9 @@ class Uncached:
   def reorder_cache(self, cache, origin):
     return {"ids": tf.gather(cache["ids"], origin, batch_dims=1), "memory": cache["memory"]}
 
+  def select_rows(self, cache, keep):
+    return {"ids": tf.gather(cache["ids"], keep), "memory": tf.gather(cache["memory"], keep)}
+
   def decode_step(self, ids, position, cache, memory_bias):
     batch, beam = tf.unstack(tf.shape(cache["ids"])[:2])
     prefix = tf.concat([cache["ids"], tf.reshape(ids, [batch, beam, 1])], axis=2)
@@ -263,16 +306,32 @@ class Decoder:
                                                          tf.TensorSpec([], tf.int32)])
     return self._compiled[key]
 
+  def batches(self, sources, batch_size: int = 32, batch_tokens: int = 0):
+    """Index lists of `sources` in length order, each a batch of at most batch_size sentences
+    and batch_tokens source tokens counting padding (rows x longest row); 0: no limit. A
+    sentence longer than batch_tokens is a batch of its own."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    batches, current = [], []
+    for i in order:
+      length = self._length(sources[i])
+      full = batch_size and len(current) >= batch_size
+      if current and (full or (batch_tokens and (len(current) + 1) * length > batch_tokens)):
+        batches.append(current)
+        current = []
+      current.append(i)
+    return batches + ([current] if current else [])
+
+  def _length(self, source) -> int:
+    return min(len(source), self.max_length) if self.max_length else len(source)
+
   def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                      batch_size: int = 32, use_cache: bool = True
+                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
                       ) -> list[list[tuple[list[int], float]]]:
     """Per source (lists of ids ending in EOS), in the input order: its K = beam_size best
-    (ids without EOS, score) pairs, best first (one pair with greedy)."""
+    (ids without EOS, score) pairs, best first (one pair with greedy). Batches: `batches`."""
     search = self._search(beam_size, alpha, use_cache)
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-      chunk = order[start:start + batch_size]
+    for chunk in self.batches(sources, batch_size, batch_tokens):
       rows = [list(sources[i]) for i in chunk]
       if self.max_length:
         rows = [r[:self.max_length - 1] + [EOS_ID] if len(r) > self.max_length else r
@@ -286,7 +345,8 @@ class Decoder:
     return results
 
   def translate_ids(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                    batch_size: int = 32, use_cache: bool = True) -> list[list[int]]:
+                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
+                    ) -> list[list[int]]:
     """The best translation of each of `sources` (lists of ids ending in EOS), in order."""
-    return [nbest[0][0] for nbest in
-            self.translate_nbest(sources, beam_size, alpha, batch_size, use_cache)]
+    return [nbest[0][0] for nbest in self.translate_nbest(
+        sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]

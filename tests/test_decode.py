@@ -31,6 +31,138 @@ def inputs():
   return tf.constant(ids)
 
 
+def eos_leaning(vocab: int, seed: int, lean: float = 2.0):
+  """A random model whose final layer norm leans towards EOS (its embedding is also its output
+  row): hypotheses end at varied lengths, so beam search's bookkeeping is exercised."""
+  model = registry.model("transformer")(tiny_hparams(), vocab, seed=seed)
+  model.embedding[0].assign(tf.zeros([model.hidden]))
+  eos = model.embedding[1]
+  model.decoder_norm.bias.assign(eos * lean / tf.norm(eos))
+  model.teacher_forced = tf.function(model.decode, input_signature=[
+      tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None, model.hidden]),
+      tf.TensorSpec([None, 1, 1, None])])
+  return model
+
+
+@pytest.fixture(scope="module")
+def eos_model():
+  return eos_leaning(VOCAB, 21)
+
+
+def teacher_forced_log_probs(model, source, targets_in):
+  """float64 log-probabilities [N, T, V] of the next tokens after targets_in [N, T] (start
+  symbol first) given `source`, padding at -inf: the slow way, no cache."""
+  targets_in = tf.constant(targets_in, tf.int32)
+  memory, bias = model.encode(tf.constant([source], tf.int32))
+  rows = tf.shape(targets_in)[0]
+  logits = model.teacher_forced(targets_in, tf.repeat(memory, rows, 0),
+                                tf.repeat(bias, rows, 0)).numpy().astype(np.float64)
+  logits[..., 0] = -np.inf
+  top = logits.max(-1, keepdims=True)
+  return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+def reference_beam_search(model, source, decode_length, beam, alpha):
+  """tensor2tensor's beam search on one sentence, written plainly: every step reruns the
+  decoder over the prefixes. Returns the K (ids, score) pairs, best first."""
+  penalty = lambda length: ((5.0 + length) / 6.0) ** alpha  # noqa: E731
+  alive = [((), 0.0)] + [((), -decode.INF)] * (beam - 1)
+  finished = []  # (ids ending in EOS, score), best first
+  for step in range(1, decode_length + 1):
+    logp = teacher_forced_log_probs(model, source, [(0,) + ids for ids, _ in alive])[:, -1]
+    sums = (np.array([lp for _, lp in alive])[:, None] + logp).ravel()
+    top = np.argsort(-sums, kind="stable")[:2 * beam]  # ties: the lower index, as top_k
+    vocab = logp.shape[1]
+    candidates = [(alive[i // vocab][0] + (i % vocab,), sums[i]) for i in top]
+    ended = [(ids, lp / penalty(step)) for ids, lp in candidates if ids[-1] == 1]
+    finished = sorted(finished + ended, key=lambda pair: -pair[1])[:beam]
+    alive = [(ids, lp) for ids, lp in candidates if ids[-1] != 1][:beam]
+    if finished and min(sc for _, sc in finished) > alive[0][1] / penalty(decode_length):
+      break
+  return finished + [(ids, lp / penalty(step)) for ids, lp in alive][:beam - len(finished)]
+
+
+def rows_of(ids, scores):
+  """search() output -> per input, its [(ids up to and including EOS, score)]."""
+  out = []
+  for hypotheses, row_scores in zip(ids.numpy().tolist(), scores.numpy()):
+    out.append([(tuple(h[:h.index(1) + 1] if 1 in h else h), float(sc))
+                for h, sc in zip(hypotheses, row_scores)])
+  return out
+
+
+@pytest.mark.parametrize("beam,alpha,vocab", [(3, 1.0, VOCAB), (4, 0.6, 700)])
+def test_beam_search_equals_a_plain_reference(eos_model, inputs, beam, alpha, vocab):
+  # vocab 700 takes the chunked candidate selection (and pads 700 to a multiple of 64).
+  model = eos_model if vocab == VOCAB else eos_leaning(vocab, 5, lean=2.5)
+  sources = [[t for t in row if t] for row in inputs.numpy().tolist()]
+  got = rows_of(*tf.function(lambda x: decode.search(model, x, 12, beam, alpha))(inputs))
+  settled_early = ended = 0
+  for source, hypotheses in zip(sources, got):
+    expected = reference_beam_search(model, source, 12, beam, alpha)
+    assert [ids for ids, _ in hypotheses] == [tuple(ids) for ids, _ in expected]
+    np.testing.assert_allclose([sc for _, sc in hypotheses], [sc for _, sc in expected],
+                               rtol=0, atol=1e-4)
+    assert all(0 not in ids for ids, _ in hypotheses)
+    settled_early += max(len(ids) for ids, _ in hypotheses) < 12
+    ended += sum(ids[-1] == 1 for ids, _ in hypotheses)
+  assert settled_early and ended, "some inputs should end, and settle before the limit"
+
+
+def test_scores_are_the_teacher_forced_log_probs(eos_model, inputs):
+  model = eos_model
+  sources = [[t for t in row if t] for row in inputs.numpy().tolist()]
+  ended = 0
+  for beam in (1, 3):
+    ids, scores = tf.function(lambda x: decode.search(model, x, 12, beam, 0.6))(inputs)
+    assert ids.dtype == tf.int32 and scores.dtype == tf.float32
+    assert ids.shape[:2] == (6, beam) and scores.shape == (6, beam)
+    for source, hypotheses in zip(sources, rows_of(ids, scores)):
+      # Best first: the ended ones by score, then (tensor2tensor's preference) unended ones.
+      key = [(hyp[-1] == 1, score) for hyp, score in hypotheses]
+      assert key == sorted(key, reverse=True)
+      for hyp, score in hypotheses:
+        logp = teacher_forced_log_probs(model, source, [(0,) + hyp[:-1]])[0]
+        total = sum(logp[i, token] for i, token in enumerate(hyp))
+        assert score == pytest.approx(total / ((5 + len(hyp)) / 6) ** 0.6, abs=1e-4)
+        ended += hyp[-1] == 1
+    for row in ids.numpy().reshape(-1, ids.shape[-1]).tolist():  # after EOS only padding
+      if 1 in row:
+        assert not any(row[row.index(1) + 1:])
+  assert ended, "some hypotheses should end in EOS"
+
+
+def test_top_candidates_equal_top_k():
+  rng = np.random.RandomState(0)
+  for vocab, integer in ((1000, False), (1000, True), (4096, True)):
+    # Integer logits make many ties: the order must still be top_k's (lower index first).
+    logits = rng.randint(-20, 5, size=(3 * 4, vocab)) if integer else rng.randn(3 * 4, vocab)
+    offset = rng.randint(-3, 0, size=(3, 4)) if integer else rng.randn(3, 4)
+    logits, offset = tf.constant(logits, tf.float32), tf.constant(offset, tf.float32)
+    values, index = decode._top_candidates(logits, offset, 4, 8)
+    sums = tf.reshape(tf.reshape(logits, [3, 4, vocab]) + offset[:, :, None], [3, 4 * vocab])
+    expected = tf.math.top_k(sums, k=8)
+    np.testing.assert_array_equal(values.numpy(), expected.values.numpy())
+    np.testing.assert_array_equal(index.numpy(), expected.indices.numpy())
+
+
+def test_padding_is_never_predicted(inputs):
+  # A model that prefers padding (id 0) at every step: the layer norm's bias points the
+  # final hidden state at padding's embedding, which is also its output row.
+  model = registry.model("transformer")(tiny_hparams(), VOCAB, seed=21)
+  pad = model.embedding[0]
+  model.decoder_norm.bias.assign(pad * 50.0 / tf.norm(pad))
+  logits = model(inputs, tf.ones([6, 8], tf.int32))
+  assert np.mean(np.argmax(logits.numpy(), -1) == 0) > 0.9, "the model should prefer padding"
+  for beam in (1, 4):
+    ids, scores = tf.function(lambda x: decode.search(model, x, 8, beam, 0.6))(inputs)
+    ids = ids.numpy()
+    assert ids.shape[2] == 8 and np.isfinite(scores.numpy()).all()
+    for row in ids.reshape(-1, 8).tolist():
+      body = row[:row.index(1)] if 1 in row else row
+      assert body and 0 not in body
+
+
 def test_cached_decoding_matches_uncached(model, inputs):
   cached = tf.function(lambda x: decode.greedy_search(model, x, 15, return_logits=True))(inputs)
   uncached = tf.function(lambda x: decode.greedy_search(

@@ -230,6 +230,15 @@ class Transformer(tf.Module):
     return {"layers": cache["layers"],
             "parents": tf.gather(cache["parents"], origin, batch_dims=1)}
 
+  def select_rows(self, cache, keep):
+    """The cache of the inputs `keep` [B'] only (indices into B), all their beams."""
+    beam = tf.shape(cache["parents"])[1]
+    beams = tf.reshape(keep[:, None] * beam + tf.range(beam), [-1])
+    layers = [{"self": {name: tf.gather(t, beams, axis=1) for name, t in layer["self"].items()},
+               "cross": {name: tf.gather(t, keep) for name, t in layer["cross"].items()}}
+              for layer in cache["layers"]]
+    return {"layers": layers, "parents": tf.gather(cache["parents"], keep)}
+
   def decode_step(self, ids, position, cache, memory_bias):
     """One decoder step: ids [B * K] at `position` -> (logits [B * K, V], the new cache).
 
