@@ -24,6 +24,7 @@ SUM = tf.distribute.ReduceOp.SUM
 # per update instead of one per variable, without a second copy of all gradients at once
 # (TensorFlow's 0 would pack everything into one).
 PACK_BYTES = 32 * 2 ** 20
+MIN_LOSS_SCALE = 1.0
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
 
@@ -176,12 +177,13 @@ class Learner:
       return tf.constant(False)
 
     tf.cond(finite, apply, skip)
+    overflow = tf.constant(False)
     if self.loss_scale is not None:
+      # Under float16 loss scaling, a finite loss with a non-finite gradient is an overflow
+      # that lowering the scale handles, not a sign of a diverging run; at the minimum
+      # scale nothing is left to lower, and it counts as non-finite.
+      overflow = tf.math.is_finite(loss_sum) & ~finite & (self.loss_scale > MIN_LOSS_SCALE)
       self._adjust_loss_scale(finite)
-    # Under float16 loss scaling, a finite loss with a non-finite gradient is an overflow
-    # that the scale adjustment handles, not a sign of a diverging run.
-    overflow = (tf.math.is_finite(loss_sum) & ~finite if self.loss_scale is not None
-                else tf.constant(False))
     return {"loss": loss_sum / denominator, "grad_norm": norm, "learning_rate": lr,
             "tokens": tokens, "finite": finite, "overflow": overflow}
 
@@ -190,12 +192,14 @@ class Learner:
     good = tf.where(finite, self.good_updates + 1, 0)
     grow = good >= 2000
     scale = tf.where(finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale),
-                     tf.maximum(self.loss_scale / 2.0, 1.0))
+                     tf.maximum(self.loss_scale / 2.0, MIN_LOSS_SCALE))
     self.loss_scale.assign(scale)
     self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), good))
 
   def _eval_loss(self, batch):
-    return self.model.loss(batch["inputs"], batch["targets"])
+    """(summed negative log-likelihood, tokens): no label smoothing, so dev figures compare
+    across label_smoothing values and with other toolkits."""
+    return self.model.loss(batch["inputs"], batch["targets"], smoothing=0.0)
 
   # --- the public steps --------------------------------------------------------------
   def step(self, batch):

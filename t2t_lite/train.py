@@ -1,15 +1,20 @@
-"""The training loop: data, micro-steps and updates, checkpoints, summaries, evaluation.
+"""The training loop: micro-steps and updates, logs and summaries, stops.
+
+The loop's collaborators each sit in their own module: `learner` (the compiled micro-steps
+and updates), `checkpoints` (save, restore, multi-worker agreement), `evaluation` (dev loss,
+perplexity, BLEU, the best model) and `faults` (fault injection for the reliability tests).
 
 Checkpoints (`output_dir/ckpt-<micro_step>`) hold the model, Adam's slots and step, the
 accumulators and token counter, the micro-step counter and the training data iterators, so a
 run stopped anywhere, mid-accumulation included, resumes to the same parameters as a run
 never stopped. Checkpoints are written every `save_checkpoints_steps` updates and at exit
-(end, time budget, Ctrl-C or SIGTERM).
+(end, time budget, Ctrl-C or SIGTERM). With more than one replica a stop waits for the end
+of the update in progress, so that such a checkpoint holds no replica-local accumulators
+(they would be restored as their sum spread over the replicas of the new process).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -19,14 +24,12 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite import data as data_lib
-from t2t_lite.errors import RunError, UsageError
-from t2t_lite.files import write_atomic
+from t2t_lite import faults as faults_lib
+from t2t_lite.checkpoints import Checkpoints
+from t2t_lite.errors import RunError
+from t2t_lite.evaluation import Evaluator
 from t2t_lite.learner import Learner
 from t2t_lite.steps import BatchPlan
-
-# Fault injection for the reliability tests: "micro:K" (SIGKILL after micro-step K of this
-# process) or "save:K" (SIGKILL inside this process's K-th checkpoint save).
-_FAULT = os.environ.get("T2T_LITE_FAULT", "")
 
 
 @dataclass
@@ -34,11 +37,11 @@ class RunOptions:
   output_dir: str
   data_dir: str
   seed: int = 1
-  keep_checkpoint_max: int = 20
-  save_checkpoints_steps: int = 1000    # updates
+  keep_checkpoint_max: int = 20         # 0 = keep every checkpoint
+  save_checkpoints_steps: int = 1000    # updates; 0 = only when the run stops
   local_eval_frequency: int = 1000      # updates; 0 = no evaluation during training
   eval_steps: int = 100                 # dev batches for the dev loss; 0 = the whole dev set
-  log_every: int = 100                  # updates
+  log_every: int = 100                  # updates; 0 = only the last update
   train_minutes: float = 0.0            # wall-clock budget; 0 = none
   eval_bleu_sentences: int = 500        # dev sentences decoded for BLEU; 0 = no BLEU
   eval_beam_size: int = 1
@@ -50,6 +53,41 @@ def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   hours, rest = divmod(seconds, 3600)
   return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def every(count: int, update: int) -> bool:
+  """Whether `update` is one of every `count` updates (count 0: never)."""
+  return count > 0 and update % count == 0
+
+
+class NonFiniteGuard:
+  """Counts updates skipped for a non-finite loss or gradient; stops a diverging run.
+
+  A float16 overflow that the loss scale can still absorb (the scale was above its minimum
+  and is halved) is not divergence; at the minimum scale it counts like any non-finite one.
+  """
+
+  def __init__(self, max_consecutive: int, output_dir: str = ""):
+    self.max_consecutive = max_consecutive
+    self.output_dir = output_dir
+    self.consecutive = 0
+
+  def record(self, finite: bool, overflow: bool, update: int) -> str:
+    """'applied', 'overflow' or 'skipped' for the update after `update`; raises RunError
+    after max_consecutive skipped ones in a row."""
+    if finite:
+      self.consecutive = 0
+      return "applied"
+    if overflow:
+      return "overflow"
+    self.consecutive += 1
+    if self.consecutive >= self.max_consecutive:
+      raise RunError(
+          f"{self.consecutive} updates in a row had a non-finite loss or gradient "
+          f"(max_consecutive_nonfinite={self.max_consecutive}); stopped at update {update}. "
+          f"The last good checkpoint is kept in {self.output_dir}; lower "
+          "learning_rate_constant or set clip_grad_norm, then resume")
+    return "skipped"
 
 
 class Trainer:
@@ -67,26 +105,27 @@ class Trainer:
     self._train_files = problem.data_files(options.data_dir, "train")
     self.dev_files = problem.data_files(options.data_dir, "dev")
     self.iterators = self._make_iterators(self._train_files)
-    self.checkpoint = tf.train.Checkpoint(**self.iterators, **self.learner.trackables())
+    self.faults = faults_lib.from_environment()
     # Every worker takes part in a save (reading the accumulators is a collective). The
     # chief writes output_dir; the others keep their own (their data iterators differ) in
     # output_dir/workers/<task>, and each resumes from its own directory.
     directory = (options.output_dir if is_chief
                  else os.path.join(options.output_dir, "workers", worker_name))
-    self.manager = tf.train.CheckpointManager(self.checkpoint, directory,
-                                              max_to_keep=options.keep_checkpoint_max)
-    self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    self._last_saved = None
-    self.best_bleu = self._read_best()
+    self.checkpoints = Checkpoints(
+        tf.train.Checkpoint(**self.iterators, **self.learner.trackables()), directory,
+        options.keep_checkpoint_max, self.strategy, self.faults)
+    self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
-    self._saves = 0
-    self._bleu_inputs = None
     self._slots = self._padding = 0  # token slots and padding of this worker's batches
-    self.train_writer = self.eval_writer = tf.summary.create_noop_writer()
+    self.train_writer = tf.summary.create_noop_writer()
+    self.evaluator = None
     if is_chief:
       self.train_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "train"))
       if options.local_eval_frequency:
-        self.eval_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "eval"))
+        self.evaluator = Evaluator(
+            self.learner, hparams, self.vocab, self.dev_files, options.output_dir,
+            options.eval_steps, options.eval_bleu_sentences, options.eval_beam_size,
+            problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""))
 
   def _make_iterators(self, files) -> dict:
     """One training-data iterator per local replica, named by its global replica id.
@@ -116,113 +155,47 @@ class Trainer:
 
   # --- checkpoints -------------------------------------------------------------------
   def restore(self) -> bool:
-    """Restores the newest readable checkpoint; falls back to older ones if it is damaged."""
-    state = tf.train.get_checkpoint_state(self.manager.directory)
-    candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
-    for index, path in enumerate(candidates):
-      try:
-        self.checkpoint.restore(path).assert_existing_objects_matched()
-      except AssertionError as err:  # readable, but written by another setup
-        raise UsageError(
-            f"checkpoint {path} does not match this run (replicas, accumulate steps or "
-            f"precision differ: {str(err).splitlines()[0][:160]}); resume with the settings "
-            "it was written with, or use a new --output_dir") from None
-      except Exception as err:  # a damaged file surfaces as many error types  # noqa: BLE001
-        reason = str(err).strip().splitlines()[0][:200]
-        fallback = candidates[index + 1] if index + 1 < len(candidates) else None
-        logging.warning("checkpoint %s is unreadable (%s); %s", path, reason,
-                        f"falling back to {fallback}" if fallback else "no older one left")
-        continue
-      self.learner.forget_host_counters()
-      self._last_saved = int(self.learner.micro_step.numpy())
-      logging.info("resumed from %s: update %d, micro-step %d", path,
-                   int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
-      return True
-    if candidates:
-      raise RunError(f"no readable checkpoint in {self.options.output_dir}: all of "
-                     f"{len(candidates)} are damaged; move them away to start afresh")
-    return False
+    """Restores the newest usable checkpoint (see t2t_lite.checkpoints)."""
+    path = self.checkpoints.restore()
+    if path is None:
+      return False
+    self.learner.forget_host_counters()
+    logging.info("resumed from %s: update %d, micro-step %d", path,
+                 int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
+    return True
 
   def save(self) -> str:
     micro_step = int(self.learner.micro_step.numpy())
-    if micro_step == self._last_saved:
-      return self.manager.latest_checkpoint
-    if _FAULT == f"save:{self._saves + 1}":
-      # Fault injection (tests): die after the files are written, before the checkpoint
-      # state names them, the worst moment of a save.
-      self.checkpoint.write(os.path.join(self.manager.directory, f"ckpt-{micro_step}"))
-      os.kill(os.getpid(), signal.SIGKILL)
-    self._saves += 1
-    path = self.manager.save(checkpoint_number=micro_step)
-    self._last_saved = micro_step
-    logging.info("saved %s (update %d, micro-step %d)", path,
-                 int(self.learner.update_step.numpy()), micro_step)
+    already_saved = self.checkpoints.last_saved == micro_step
+    path = self.checkpoints.save(micro_step)
+    if not already_saved:
+      logging.info("saved %s (update %d, micro-step %d)", path,
+                   int(self.learner.update_step.numpy()), micro_step)
     return path
 
-  # --- evaluation --------------------------------------------------------------------
-  def dev_loss(self) -> float:
-    dataset = data_lib.eval_dataset(self.dev_files, self.hparams)
-    if self.options.eval_steps > 0:
-      dataset = dataset.take(self.options.eval_steps)
-    loss = tokens = 0.0
-    for batch in dataset:
-      batch_loss, batch_tokens = self.learner.eval_fn(batch)
-      loss += float(batch_loss)
-      tokens += float(batch_tokens)
-    return loss / max(tokens, 1.0)
-
-  def _read_best(self) -> float:
-    path = os.path.join(self.options.output_dir, "best", "bleu.json")
-    if os.path.isfile(path):
-      with open(path) as f:
-        return float(json.load(f)["bleu"])
-    return -1.0
-
-  def dev_bleu(self) -> float:
-    from t2t_lite import decode, metrics
-    if self._bleu_inputs is None:  # read once; the compiled search is reused too
-      pairs = list(data_lib.text_examples(self.dev_files)
-                   .take(self.options.eval_bleu_sentences).as_numpy_iterator())
-      self._bleu_inputs = ([list(ids) for ids, _ in pairs],
-                           [ref.decode("utf-8") for _, ref in pairs],
-                           decode.Decoder(self.learner.model, self.hparams.max_length))
-    sources, references, decoder = self._bleu_inputs
-    hyps = decoder.translate_ids(sources, beam_size=self.options.eval_beam_size, alpha=0.6,
-                                 batch_size=64)
-    return metrics.bleu([self.vocab.decode(h) for h in hyps], references).score
-
-  def evaluate(self, update: int) -> dict:
-    if not self.is_chief:
-      return {}
-    start = time.time()
-    results = {"dev_loss": self.dev_loss()}
-    if self.options.eval_bleu_sentences > 0:
-      results["dev_bleu"] = self.dev_bleu()
-    with self.eval_writer.as_default(step=update):
-      for name, value in results.items():
-        tf.summary.scalar(name, value)
-    if results.get("dev_bleu", -1.0) > self.best_bleu:
-      self.best_bleu = results["dev_bleu"]
-      self._save_best(update)
-    logging.info("eval at update %d: %s (%.1fs)", update,
-                 ", ".join(f"{k} {v:.4f}" for k, v in results.items()), time.time() - start)
-    return results
-
-  def _save_best(self, update: int) -> None:
-    best_dir = os.path.join(self.options.output_dir, "best")
-    os.makedirs(best_dir, exist_ok=True)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=self.learner.model),
-                                         best_dir, max_to_keep=1)
-    path = manager.save(checkpoint_number=update)
-    write_atomic(os.path.join(best_dir, "bleu.json"),
-                 json.dumps({"bleu": self.best_bleu, "update": update, "checkpoint": path}))
-
-  # --- the loop ----------------------------------------------------------------------
-  def _on_signal(self, signum, frame):
+  # --- stops -------------------------------------------------------------------------
+  def request_stop(self, signum: int) -> None:
     if self._stop_signal is not None:  # a second Ctrl-C stops at once
       raise KeyboardInterrupt
     self._stop_signal = signum
-    logging.warning("received signal %d: finishing this micro-step and saving", signum)
+    logging.warning("received signal %d: finishing this %s and saving", signum,
+                    "micro-step" if self.plan.replicas == 1 else
+                    f"update ({self.plan.replicas} replicas save only between updates)")
+
+  def _on_signal(self, signum, frame):
+    self.request_stop(signum)
+
+  def _stop_now(self, micro_step: int) -> str | None:
+    """Why to stop before the next micro-step, or None. With several replicas a stop waits
+    for the end of the update (replica-local accumulators are not checkpointed)."""
+    if self.plan.replicas > 1 and micro_step % self.plan.accumulate_steps:
+      return None
+    if self._stop_signal is not None and not self._multi_worker:
+      return f"signal {self._stop_signal}"
+    stop_after = self.options.stop_after_micro_steps
+    if stop_after and micro_step >= stop_after:
+      return "stop_after_micro_steps"
+    return None
 
   def _agreed_stop(self, out_of_time: bool) -> bool:
     """Whether to stop after this update. Workers decide together (a worker that stopped
@@ -234,6 +207,7 @@ class Trainer:
         lambda context: tf.constant(1.0 if local else 0.0))
     return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)) > 0
 
+  # --- the loop ----------------------------------------------------------------------
   def train(self) -> dict:
     """Runs updates until --train_steps, the time budget, or a signal; returns a summary."""
     self.restore()
@@ -248,87 +222,64 @@ class Trainer:
       for s, handler in previous.items():
         signal.signal(s, handler)
 
+  def _log_reduction(self) -> None:
+    collectives = self.learner.reduction["collective_ops"]
+    logging.info("cross-replica sum per update: %d tensors in %s",
+                 self.learner.reduction["tensors"],
+                 f"{collectives} collective all-reduce op(s)" if collectives
+                 else "a reduction to one device")
+
   def _loop(self) -> dict:
     plan, options, learner = self.plan, self.options, self.learner
     update = int(learner.update_step.numpy())
     micro_step = int(learner.micro_step.numpy())
     start = window_start = time.time()
     deadline = start + options.train_minutes * 60 if options.train_minutes > 0 else None
-    window_tokens = window_updates = consecutive_nonfinite = 0
+    guard = NonFiniteGuard(self.hparams.max_consecutive_nonfinite, options.output_dir)
+    window_tokens = window_updates = 0
     window_loss = 0.0
     stop_reason = "train_steps reached"
     reduction_logged = False
     while update < plan.train_steps:
-      if self._stop_signal is not None and not self._multi_worker:
-        stop_reason = f"signal {self._stop_signal}"
-        break
-      if options.stop_after_micro_steps and micro_step >= options.stop_after_micro_steps:
-        stop_reason = "stop_after_micro_steps"
+      reason = self._stop_now(micro_step)
+      if reason:
+        stop_reason = reason
         break
       stats = learner.step(self.next_batch())
       micro_step += 1
-      if _FAULT == f"micro:{micro_step}":  # fault injection (tests): die mid-accumulation
-        os.kill(os.getpid(), signal.SIGKILL)
-      if stats is None:
+      self.faults.after_micro_step(micro_step, self.request_stop)
+      if stats is None:  # mid-accumulation
         continue
       if learner.reduction is not None and not reduction_logged:
         reduction_logged = True
-        collectives = learner.reduction["collective_ops"]
-        logging.info("cross-replica sum per update: %d tensors in %s", learner.reduction["tensors"],
-                     f"{collectives} collective all-reduce op(s)" if collectives
-                     else "a reduction to one device")
-      if not bool(stats["finite"]) and bool(stats["overflow"]):
+        self._log_reduction()
+      outcome = guard.record(bool(stats["finite"]), bool(stats["overflow"]), update)
+      if outcome == "overflow":
         logging.info("float16 overflow at update %d: update skipped, loss scale lowered to %g",
                      update + 1, float(learner.loss_scale.numpy()))
-        continue
-      if not bool(stats["finite"]):
-        consecutive_nonfinite += 1
+      elif outcome == "skipped":
         logging.warning("non-finite loss or gradient at update %d (micro-step %d): update "
                         "skipped, accumulators reset (%d in a row, %d skipped in all)",
-                        update + 1, micro_step, consecutive_nonfinite,
+                        update + 1, micro_step, guard.consecutive,
                         int(learner.skipped_updates.numpy()))
-        if consecutive_nonfinite >= self.hparams.max_consecutive_nonfinite:
-          raise RunError(
-              f"{consecutive_nonfinite} updates in a row had a non-finite loss or gradient "
-              f"(max_consecutive_nonfinite={self.hparams.max_consecutive_nonfinite}); stopped "
-              f"at update {update}. The last good checkpoint is kept in {options.output_dir}; "
-              "lower learning_rate_constant or set clip_grad_norm, then resume")
-        continue
-      consecutive_nonfinite = 0
-      update += 1
-      window_updates += 1
-      window_tokens += float(stats["tokens"])
-      window_loss += float(stats["loss"])
-      now = time.time()
-      last = update >= plan.train_steps or (deadline is not None and now >= deadline)
-      if update % options.log_every == 0 or last:
-        elapsed = now - window_start
-        rate = window_updates / max(elapsed, 1e-9)
-        remaining = (plan.train_steps - update) / max(rate, 1e-9)
-        if deadline is not None:
-          remaining = min(remaining, deadline - now)
-        tokens_per_second = window_tokens / max(elapsed, 1e-9)
-        loss = window_loss / window_updates
-        padding = self._padding / max(self._slots, 1)
-        self._padding = self._slots = 0
-        logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
-                     "%.0f tokens/update, %.1f%% padding, ETA %s", update, plan.train_steps,
-                     micro_step, loss, float(stats["learning_rate"]), tokens_per_second,
-                     window_tokens / window_updates, 100 * padding, format_duration(remaining))
-        with self.train_writer.as_default(step=update):  # a no-op writer off the chief
-          tf.summary.scalar("loss", loss)
-          tf.summary.scalar("learning_rate", stats["learning_rate"])
-          tf.summary.scalar("grad_norm", stats["grad_norm"])
-          tf.summary.scalar("tokens_per_second", tokens_per_second)
-          tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
-          tf.summary.scalar("padding_fraction", padding)
-        window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
-      pause = time.time()
-      if update % options.save_checkpoints_steps == 0:
-        self.save()
-      if options.local_eval_frequency and update % options.local_eval_frequency == 0:
-        self.evaluate(update)
-      window_start += time.time() - pause  # tokens/s counts training time only
+      else:
+        update += 1
+        window_updates += 1
+        window_tokens += float(stats["tokens"])
+        window_loss += float(stats["loss"])
+        now = time.time()
+        last = update >= plan.train_steps or (deadline is not None and now >= deadline)
+        if every(options.log_every, update) or last:
+          self._log(update, micro_step, stats, now - window_start, window_updates,
+                    window_tokens, window_loss, deadline)
+          window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
+        pause = time.time()
+        if every(options.save_checkpoints_steps, update):
+          self.save()
+        if self.evaluator is not None and every(options.local_eval_frequency, update):
+          self.evaluator.evaluate(update)
+        window_start += time.time() - pause  # tokens/s counts training time only
+      # The time budget and stop signals are checked after every update, applied or not.
       out_of_time = deadline is not None and time.time() >= deadline
       if update < plan.train_steps and self._agreed_stop(out_of_time):
         stop_reason = (f"time budget of {options.train_minutes:g} minutes reached"
@@ -337,10 +288,35 @@ class Trainer:
         break
     path = self.save()
     self.train_writer.flush()
-    self.eval_writer.flush()
+    if self.evaluator is not None:
+      self.evaluator.flush()
     summary = {"updates": update, "micro_steps": micro_step, "stop_reason": stop_reason,
                "checkpoint": path, "train_seconds": round(time.time() - start, 1),
                "skipped_updates": int(learner.skipped_updates.numpy())}
     logging.info("stopped: %s; update %d, micro-step %d, %s", stop_reason, update, micro_step,
                  path)
     return summary
+
+  def _log(self, update, micro_step, stats, elapsed, window_updates, window_tokens,
+           window_loss, deadline) -> None:
+    """One progress line and the train summaries of the updates since the previous one."""
+    plan = self.plan
+    rate = window_updates / max(elapsed, 1e-9)
+    remaining = (plan.train_steps - update) / max(rate, 1e-9)
+    if deadline is not None:
+      remaining = min(remaining, deadline - time.time())
+    tokens_per_second = window_tokens / max(elapsed, 1e-9)
+    loss = window_loss / window_updates
+    padding = self._padding / max(self._slots, 1)
+    self._padding = self._slots = 0
+    logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
+                 "%.0f tokens/update, %.1f%% padding, ETA %s", update, plan.train_steps,
+                 micro_step, loss, float(stats["learning_rate"]), tokens_per_second,
+                 window_tokens / window_updates, 100 * padding, format_duration(remaining))
+    with self.train_writer.as_default(step=update):  # a no-op writer off the chief
+      tf.summary.scalar("loss", loss)
+      tf.summary.scalar("learning_rate", stats["learning_rate"])
+      tf.summary.scalar("grad_norm", stats["grad_norm"])
+      tf.summary.scalar("tokens_per_second", tokens_per_second)
+      tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
+      tf.summary.scalar("padding_fraction", padding)

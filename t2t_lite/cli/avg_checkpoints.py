@@ -11,7 +11,8 @@ from t2t_lite.cli import common
 from t2t_lite.errors import UsageError
 
 flags.DEFINE_string("output_dir", None, "The training run directory.")
-flags.DEFINE_integer("num_last_checkpoints", 5, "How many of the newest checkpoints to average.")
+common.define_count("num_last_checkpoints", 5, "How many of the newest checkpoints to "
+                    "average.", minimum=1)
 flags.DEFINE_string("avg_dir", None, "Where the averaged checkpoint (and hparams.json) go.")
 FLAGS = flags.FLAGS
 
@@ -45,8 +46,6 @@ def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str
 def main() -> None:
   common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
   common.require(FLAGS.avg_dir, "avg_dir", "runs/multi30k/avg")
-  if FLAGS.num_last_checkpoints < 1:
-    raise UsageError("--num_last_checkpoints must be at least 1")
   common.check_writable_dir(FLAGS.avg_dir, "avg_dir")
   saved, paths = average(FLAGS.output_dir, FLAGS.num_last_checkpoints, FLAGS.avg_dir)
   print(f"averaged {len(paths)} checkpoints ({', '.join(os.path.basename(p) for p in paths)}) "

@@ -94,6 +94,19 @@ def run(main, program: str) -> None:
   app.run(wrapped, flags_parser=parse)
 
 
+def define_count(name: str, default: int, help_text: str, minimum: int = 0,
+                 maximum: int | None = None) -> None:
+  """An integer flag checked when the flags are parsed (a usage error, exit 2, before any
+  work): at least `minimum` (and at most `maximum`). The help text says what 0 means where
+  0 is allowed."""
+  flags.DEFINE_integer(name, default, help_text)
+  bound = f"must be at least {minimum}" + (f" and at most {maximum}" if maximum else "")
+  flags.register_validator(
+      name, lambda value: value is None or (value >= minimum and (maximum is None
+                                                                 or value <= maximum)),
+      message=bound)
+
+
 def require(flag_value, name: str, example: str) -> None:
   if not flag_value:
     raise UsageError(f"--{name} is required, e.g. --{name}={example}")

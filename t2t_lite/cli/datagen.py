@@ -12,8 +12,8 @@ flags.DEFINE_string("data_dir", None, "Where the vocabulary, shards and manifest
 flags.DEFINE_string("tmp_dir", None, "Where the raw corpus is (or is downloaded to).")
 flags.DEFINE_string("source_lang", "", "translate_folder: source file suffix, e.g. en.")
 flags.DEFINE_string("target_lang", "", "translate_folder: target file suffix, e.g. de.")
-flags.DEFINE_integer("vocab_size", 0, "Vocabulary size (0: the problem's own; 8000 for "
-                     "translate_folder, 32000 for translate_ende_wmt14).")
+common.define_count("vocab_size", 0, "Vocabulary size (0: the problem's own; 8000 for "
+                    "translate_folder, 32000 for translate_ende_wmt14).")
 FLAGS = flags.FLAGS
 
 

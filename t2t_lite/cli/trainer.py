@@ -17,24 +17,30 @@ flags.DEFINE_string("hparams_set", None, "Registered hparams set (default: the o
 flags.DEFINE_string("hparams", "", "Overrides, e.g. 'batch_size=2048,clip_grad_norm=1.0'.")
 flags.DEFINE_string("data_dir", None, "Directory written by t2t-lite-datagen.")
 flags.DEFINE_string("output_dir", None, "Checkpoints, summaries and hparams.json.")
-flags.DEFINE_integer("train_steps", 250000, "Updates (optimizer steps) to train; the trainer "
-                     "runs train_steps x accumulate_steps micro-steps.")
-flags.DEFINE_float("train_minutes", 0.0, "Stop after this much training wall time (0: no limit).")
-flags.DEFINE_integer("eval_steps", 100, "Dev batches for the dev loss (0: the whole dev set).")
-flags.DEFINE_integer("local_eval_frequency", 1000, "Evaluate every this many updates (0: never).")
-flags.DEFINE_integer("eval_bleu_sentences", 500, "Dev sentences decoded for BLEU at each "
-                     "evaluation (0: no BLEU).")
-flags.DEFINE_integer("eval_beam_size", 1, "Beam size of the BLEU evaluation (1: greedy).")
-flags.DEFINE_integer("save_checkpoints_steps", 1000, "Save a checkpoint every this many updates.")
-flags.DEFINE_integer("keep_checkpoint_max", 20, "Checkpoints kept.")
-flags.DEFINE_integer("log_every", 100, "Log and write summaries every this many updates.")
-flags.DEFINE_integer("random_seed", 1, "Seed of initialization, data order and dropout.")
+common.define_count("train_steps", 250000, "Updates (optimizer steps) to train; the trainer "
+                    "runs train_steps x accumulate_steps micro-steps.", minimum=1)
+flags.DEFINE_float("train_minutes", 0.0, "Stop after this much training wall time (0: no "
+                   "limit).", lower_bound=0.0)
+common.define_count("eval_steps", 100, "Dev batches for the dev loss (0: the whole dev set).")
+common.define_count("local_eval_frequency", 1000, "Evaluate every this many updates (0: never).")
+common.define_count("eval_bleu_sentences", 500, "Dev sentences decoded for BLEU at each "
+                    "evaluation (0: no BLEU).")
+common.define_count("eval_beam_size", 1, "Beam size of the BLEU evaluation (1: greedy).",
+                    minimum=1)
+common.define_count("save_checkpoints_steps", 1000, "Save a checkpoint every this many updates "
+                    "(0: only when the run stops: end, time budget, Ctrl-C, SIGTERM).")
+common.define_count("keep_checkpoint_max", 20, "Checkpoints kept (0: all).")
+common.define_count("log_every", 100, "Log and write summaries every this many updates (0: "
+                    "only for the last update).")
+common.define_count("random_seed", 1, "Seed of initialization, data order and dropout.",
+                    maximum=2 ** 31 - 1)
 flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
                   "tf.distribute strategy; auto = mirrored over all GPUs when there are several.")
-flags.DEFINE_integer("cpu_replicas", 1, "Split the CPU into this many logical devices "
-                     "(with --strategy=mirrored: try data parallelism on a CPU).")
-flags.DEFINE_integer("slurm_port_base", 8888, "Under Slurm (--strategy=multi_worker): tasks "
-                     "of a node listen on this port and the next ones.")
+common.define_count("cpu_replicas", 1, "Split the CPU into this many logical devices "
+                    "(with --strategy=mirrored: try data parallelism on a CPU).", minimum=1)
+common.define_count("slurm_port_base", 8888, "Under Slurm (--strategy=multi_worker): tasks "
+                    "of a node listen on this port and the next ones.", minimum=1,
+                    maximum=65535)
 flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, problems, models.")
 flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "

@@ -196,11 +196,16 @@ class Transformer(tf.Module):
     targets_in = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
     return self.decode(targets_in, memory, memory_bias, seeds)
 
-  def loss(self, inputs, targets, seed=None):
-    """(summed label-smoothed loss over non-padding tokens, their count), both float32."""
+  def loss(self, inputs, targets, seed=None, smoothing: float | None = None):
+    """(summed label-smoothed loss over non-padding tokens, their count), both float32.
+
+    `smoothing` defaults to the hparams' label_smoothing; 0 gives the plain negative
+    log-likelihood (what dev loss and perplexity report).
+    """
     logits = self(inputs, targets, seed)
     weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
-    per_token = smoothed_cross_entropy(logits, targets, self.smoothing)
+    per_token = smoothed_cross_entropy(logits, targets,
+                                       self.smoothing if smoothing is None else smoothing)
     return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
 
   # --- incremental decoding ----------------------------------------------------------

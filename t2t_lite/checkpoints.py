@@ -1,0 +1,122 @@
+"""Checkpoints of a training run: save, restore the newest readable one, agree across workers.
+
+Checkpoints are named `ckpt-<micro_step>`. A damaged one (a file cut short, say) is reported
+and the previous one used. Under MultiWorkerMirroredStrategy every worker keeps its own
+checkpoints; after restoring, the workers compare their micro-steps in one collective and,
+if they differ (one worker's newest checkpoint was lost), all fall back to the newest
+micro-step every worker has, or all stop with one error naming the directories.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from t2t_lite.errors import RunError, UsageError
+from t2t_lite.faults import NoFaults
+
+NOTHING = 0       # "restored nothing": a fresh start
+FAILED = -1       # this worker could not restore (its error is raised after the agreement)
+
+
+def checkpoint_number(path: str) -> int:
+  return int(path.rsplit("-", 1)[1])
+
+
+class Checkpoints:
+  """The run's CheckpointManager, with fallback on damage and multi-worker agreement."""
+
+  def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int,
+               strategy: tf.distribute.Strategy, faults: NoFaults | None = None):
+    self.checkpoint = checkpoint
+    self.strategy = strategy
+    self.faults = faults or NoFaults()
+    # keep = 0 keeps every checkpoint.
+    self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep or None)
+    self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    self.last_saved = self._last_path = None
+
+  @property
+  def directory(self) -> str:
+    return self.manager.directory
+
+  def _candidates(self) -> list[str]:
+    state = tf.train.get_checkpoint_state(self.directory)
+    return list(reversed(state.all_model_checkpoint_paths)) if state else []
+
+  def _restore_newest(self, at_most: int | None = None):
+    """(micro-step restored, or NOTHING / FAILED; its path; the error to raise if FAILED)."""
+    candidates = [p for p in self._candidates()
+                  if at_most is None or checkpoint_number(p) <= at_most]
+    for index, path in enumerate(candidates):
+      try:
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+      except AssertionError as err:  # readable, but written by another setup
+        return FAILED, None, UsageError(
+            f"checkpoint {path} does not match this run (replicas, accumulate steps or "
+            f"precision differ: {str(err).splitlines()[0][:160]}); resume with the settings "
+            "it was written with, or use a new --output_dir")
+      except Exception as err:  # a damaged file surfaces as many error types  # noqa: BLE001
+        reason = str(err).strip().splitlines()[0][:200]
+        fallback = candidates[index + 1] if index + 1 < len(candidates) else None
+        logging.warning("checkpoint %s is unreadable (%s); %s", path, reason,
+                        f"falling back to {fallback}" if fallback else "no older one left")
+        continue
+      return checkpoint_number(path), path, None
+    if candidates:
+      return FAILED, None, RunError(
+          f"no readable checkpoint in {self.directory}: all of {len(candidates)} are "
+          "damaged; move them away to start afresh")
+    return NOTHING, None, None
+
+  def _gather(self, number: int) -> list[int]:
+    """Every worker's `number` (one collective)."""
+    values = self.strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant([number], tf.int64))
+    return [int(n) for n in self.strategy.gather(values, axis=0).numpy()]
+
+  def restore(self) -> str | None:
+    """Restores the newest usable checkpoint; its path, or None for a fresh start."""
+    number, path, error = self._restore_newest()
+    if self.multi_worker:
+      number, path, error = self._agree(number, path, error)
+    if error is not None:
+      raise error
+    if path is not None:
+      self.last_saved, self._last_path = number, path
+    return path
+
+  def _agree(self, number: int, path: str | None, error: Exception | None):
+    """Brings every worker to the same micro-step (see the module docstring)."""
+    first = numbers = self._gather(number)
+    while FAILED not in numbers and min(numbers) != max(numbers):
+      if min(numbers) == NOTHING:
+        break
+      bound = min(numbers)
+      number, path, error = self._restore_newest(at_most=bound)
+      numbers = self._gather(number)
+    if FAILED in numbers:
+      return number, path, error or RunError(
+          f"another worker could not restore its checkpoint (micro-steps by worker: "
+          f"{first}); see its log")
+    if min(numbers) != max(numbers):
+      return number, path, UsageError(
+          f"the workers' checkpoints have no micro-step in common (newest by worker: {first}; "
+          f"this worker's directory: {self.directory}; the chief's is --output_dir, the "
+          "others' output_dir/workers/<task>); restore the missing checkpoints or move them "
+          "all away to start afresh")
+    if first != numbers:
+      logging.warning("workers' newest checkpoints disagreed (micro-steps by worker: %s); all "
+                      "resume from micro-step %d, the newest every worker has", first,
+                      numbers[0])
+    return number, path, None
+
+  def save(self, micro_step: int) -> str:
+    """Saves at `micro_step` unless that micro-step is already saved."""
+    if micro_step == self.last_saved:
+      return self._last_path
+    path = self.faults.save(self.manager, self.checkpoint, micro_step)
+    self.last_saved, self._last_path = micro_step, path
+    return path

@@ -1,0 +1,96 @@
+"""Evaluation during training: dev loss and perplexity, dev BLEU, the best model so far.
+
+Dev loss is the plain negative log-likelihood per target token (no label smoothing, as
+tensor2tensor evaluates), so it compares across label_smoothing values and with other
+toolkits; dev perplexity is its exponential. Dev BLEU decodes the first dev sentences and
+scores them with sacreBLEU (tokenizer by target language). The checkpoint with the best dev
+BLEU is kept in `output_dir/best`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from t2t_lite import data as data_lib
+from t2t_lite.files import write_atomic
+
+
+class Evaluator:
+  """Runs the evaluations of one run (on the chief) and writes them to `output_dir/eval`."""
+
+  def __init__(self, learner, hparams, vocab, dev_files, output_dir: str, eval_steps: int,
+               bleu_sentences: int, beam_size: int, target_lang: str = ""):
+    self.learner, self.hparams, self.vocab = learner, hparams, vocab
+    self.dev_files, self.output_dir = dev_files, output_dir
+    self.eval_steps, self.bleu_sentences, self.beam_size = eval_steps, bleu_sentences, beam_size
+    self.target_lang = target_lang
+    self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
+    self.best_bleu = self._read_best()
+    self._bleu_inputs = None
+
+  def dev_loss(self) -> float:
+    """Negative log-likelihood per non-padding target token over the dev batches."""
+    dataset = data_lib.eval_dataset(self.dev_files, self.hparams)
+    if self.eval_steps > 0:
+      dataset = dataset.take(self.eval_steps)
+    loss = tokens = 0.0
+    for batch in dataset:
+      batch_loss, batch_tokens = self.learner.eval_fn(batch)
+      loss += float(batch_loss)
+      tokens += float(batch_tokens)
+    return loss / max(tokens, 1.0)
+
+  def dev_bleu(self) -> float:
+    from t2t_lite import decode, metrics
+    if self._bleu_inputs is None:  # read once; the compiled search is reused too
+      pairs = list(data_lib.text_examples(self.dev_files)
+                   .take(self.bleu_sentences).as_numpy_iterator())
+      self._bleu_inputs = ([list(ids) for ids, _ in pairs],
+                           [ref.decode("utf-8") for _, ref in pairs],
+                           decode.Decoder(self.learner.model, self.hparams.max_length))
+    sources, references, decoder = self._bleu_inputs
+    hyps = decoder.translate_ids(sources, beam_size=self.beam_size, alpha=0.6, batch_size=64)
+    return metrics.bleu([self.vocab.decode(h) for h in hyps], references,
+                        self.target_lang).score
+
+  def evaluate(self, update: int) -> dict:
+    start = time.time()
+    loss = self.dev_loss()
+    results = {"dev_loss": loss, "dev_perplexity": math.exp(min(loss, 700.0))}
+    if self.bleu_sentences > 0:
+      results["dev_bleu"] = self.dev_bleu()
+    with self.writer.as_default(step=update):
+      for name, value in results.items():
+        tf.summary.scalar(name, value)
+    if results.get("dev_bleu", -1.0) > self.best_bleu:
+      self.best_bleu = results["dev_bleu"]
+      self._save_best(update)
+    logging.info("eval at update %d: %s (%.1fs)", update,
+                 ", ".join(f"{k} {v:.4f}" for k, v in results.items()), time.time() - start)
+    return results
+
+  def flush(self) -> None:
+    self.writer.flush()
+
+  # --- the best model ----------------------------------------------------------------
+  def _read_best(self) -> float:
+    path = os.path.join(self.output_dir, "best", "bleu.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        return float(json.load(f)["bleu"])
+    return -1.0
+
+  def _save_best(self, update: int) -> None:
+    best_dir = os.path.join(self.output_dir, "best")
+    os.makedirs(best_dir, exist_ok=True)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=self.learner.model),
+                                         best_dir, max_to_keep=1)
+    path = manager.save(checkpoint_number=update)
+    write_atomic(os.path.join(best_dir, "bleu.json"),
+                 json.dumps({"bleu": self.best_bleu, "update": update, "checkpoint": path}))

@@ -1,0 +1,56 @@
+"""Fault injection for the reliability tests, behind one seam.
+
+`T2T_LITE_FAULT` chooses one fault for this process:
+  micro:K   SIGKILL right after micro-step K (mid-accumulation when K is not a multiple of n);
+  save:K    SIGKILL inside this process's K-th checkpoint save, after the files are written
+            and before the checkpoint state names them (the worst moment of a save);
+  signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point).
+Production code always calls `after_micro_step` and `save`; without the variable they are
+the plain versions, so no code path branches on faults.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "T2T_LITE_FAULT"
+
+
+class NoFaults:
+  """The production behaviour."""
+
+  def after_micro_step(self, micro_step: int, request_stop) -> None:
+    """Called after every micro-step; `request_stop(signum)` asks the loop to stop."""
+
+  def save(self, manager, checkpoint, number: int) -> str:
+    return manager.save(checkpoint_number=number)
+
+
+class InjectedFault(NoFaults):
+  def __init__(self, kind: str, at: int):
+    self.kind, self.at = kind, at
+    self._saves = 0
+
+  def after_micro_step(self, micro_step: int, request_stop) -> None:
+    if micro_step == self.at and self.kind == "micro":
+      os.kill(os.getpid(), signal.SIGKILL)
+    if micro_step == self.at and self.kind == "signal":
+      request_stop(signal.SIGTERM)
+
+  def save(self, manager, checkpoint, number: int) -> str:
+    self._saves += 1
+    if self.kind == "save" and self._saves == self.at:
+      checkpoint.write(os.path.join(manager.directory, f"ckpt-{number}"))
+      os.kill(os.getpid(), signal.SIGKILL)
+    return super().save(manager, checkpoint, number)
+
+
+def from_environment() -> NoFaults:
+  spec = os.environ.get(ENV, "")
+  if not spec:
+    return NoFaults()
+  kind, _, at = spec.partition(":")
+  if kind not in ("micro", "save", "signal") or not at.isdigit():
+    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K or signal:K")
+  return InjectedFault(kind, int(at))
