@@ -42,13 +42,21 @@ def _length(example):
   return tf.maximum(tf.shape(example["inputs"])[0], tf.shape(example["targets"])[0])
 
 
-def examples(files: list[str], max_length: int,
-             shard: tuple[int, int] | None = None) -> tf.data.Dataset:
-  """Parsed examples of `files`, in file order, without pairs longer than `max_length`.
+def examples(files: list[str], max_length: int, shard: tuple[int, int] | None = None,
+             interleave: bool = False) -> tf.data.Dataset:
+  """Parsed examples of `files`, without pairs longer than `max_length`.
 
-  `shard` = (index, count) keeps every count-th record from index, before parsing.
+  In file order, or with `interleave` one record of each file in turn (cycling over all
+  files, in the order given), so that every file is read from the start. `shard` = (index,
+  count) keeps every count-th record from index of that sequence, before parsing; the
+  sequence does not depend on any seed, so the shards of one run never overlap.
   """
-  dataset = tf.data.TFRecordDataset(files)
+  if interleave and len(files) > 1:
+    # Sequential (no num_parallel_calls): the same order on any machine.
+    dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
+  else:
+    dataset = tf.data.TFRecordDataset(files)
   if shard is not None and shard[1] > 1:
     dataset = dataset.shard(shard[1], shard[0])
   dataset = dataset.map(parse_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -68,9 +76,10 @@ def train_dataset(files: list[str], hparams, seed: int, batch_size: int | None =
                   shard: tuple[int, int] | None = None) -> tf.data.Dataset:
   """Endless, shuffled (with `seed`), token-bucketed training batches.
 
+  The shards `files` (already shuffled by datagen) are read interleaved, all at once.
   `shard` = (index, count) splits the examples between input pipelines (workers).
   """
-  dataset = examples(files, hparams.max_length, shard)
+  dataset = examples(files, hparams.max_length, shard, interleave=True)
   dataset = dataset.shuffle(hparams.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
   dataset = dataset.repeat()
   dataset = batched(dataset, batch_size or hparams.batch_size, hparams.max_length,

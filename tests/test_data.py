@@ -289,3 +289,146 @@ def test_manifest_of_an_older_version_means_redo(tmp_path):
   assert result.returncode == 0, result.stderr
   assert "nothing to do" not in result.stdout
   assert "bytes" in json.loads(path.read_text())["splits"]["train"]
+
+
+# --- datagen at scale: streamed, shuffled, bounded memory ---------------------------------
+
+def _write_folder_corpus(folder, train, dev_test):
+  os.makedirs(folder, exist_ok=True)
+  for split, pairs in (("train", train), ("dev", dev_test), ("test", dev_test)):
+    for side, lang in enumerate(("en", "de")):
+      with open(os.path.join(folder, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+        f.writelines(pair[side] + "\n" for pair in pairs)
+
+
+def _multi30k_pairs(count, start=0):
+  en = read_lines(os.path.join(multi30k_dir(), "train.en.gz"))
+  de = read_lines(os.path.join(multi30k_dir(), "train.de.gz"))
+  return [(en[i % len(en)], de[i % len(de)]) for i in range(start, start + count)]
+
+
+@pytest.fixture(scope="module")
+def two_part_data(tmp_path_factory):
+  """A folder corpus whose train split is two sub-corpora one after the other (2,000 pairs
+  marked "A<i>", then 2,000 marked "B<i>"), through the real datagen CLI."""
+  root = tmp_path_factory.mktemp("two_part")
+  train = [(f"{kind}{i} {en}", f"{kind}{i} {de}") for kind, start in (("A", 0), ("B", 2000))
+           for i, (en, de) in enumerate(_multi30k_pairs(2000, start))]
+  _write_folder_corpus(root / "raw", train, _multi30k_pairs(100, 5000))
+  cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={root / 'out'}",
+      f"--tmp_dir={root / 'raw'}", "--source_lang=en", "--target_lang=de", "--vocab_size=500",
+      check=True)
+  return {"raw": str(root / "raw"), "out": str(root / "out"), "train": train}
+
+
+def _records(files, **options):
+  """(inputs, targets) ids of `files` as data.examples reads them (with `options`)."""
+  records = []
+  for batch in data.examples(files, 100_000, **options).ragged_batch(1000):
+    records.extend(zip(map(tuple, batch["inputs"].to_list()),
+                       map(tuple, batch["targets"].to_list())))
+  return records
+
+
+def _shard_records(path):
+  """(inputs, targets) ids of one TFRecord file, in file order (faster than data.examples)."""
+  import tensorflow as tf
+  records = []
+  for batch in tf.data.TFRecordDataset(path).batch(1000).as_numpy_iterator():
+    for serialized in batch:
+      feature = tf.train.Example.FromString(serialized).features.feature
+      records.append((tuple(feature["inputs"].int64_list.value),
+                      tuple(feature["targets"].int64_list.value)))
+  return records
+
+
+def test_concatenated_sub_corpora_reach_training_mixed_and_whole(two_part_data):
+  problem = registry.problem("translate_folder")
+  files = problem.data_files(two_part_data["out"], "train")
+  vocab = problem.get_vocab(two_part_data["out"])
+  kind = {(tuple(vocab.encode(source)), tuple(vocab.encode(target))): source[0]
+          for source, target in two_part_data["train"]}
+  assert len(kind) == 4000
+  read = _records(files, interleave=True)  # the order training reads, before its buffer
+  assert sorted(read) == sorted(kind)  # nothing lost, nothing duplicated
+  first = [kind[pair] for pair in read[:200]]
+  assert 70 <= first.count("A") <= 130, f"{first.count('A')} of the first 200 are from A"
+  shard_of = {}
+  for index, path in enumerate(files):  # every shard is mixed from its start
+    records = _shard_records(path)
+    head = [kind[pair] for pair in records[:100]]
+    assert 25 <= head.count("A") <= 75, f"{path}: {head.count('A')} of the first 100 from A"
+    shard_of.update((pair, index) for pair in records)
+  halves = [_records(files, interleave=True, shard=(index, 2)) for index in range(2)]
+  assert sorted(halves[0] + halves[1]) == sorted(read)  # two replicas split, never overlap
+
+  hparams = tiny_hparams(shuffle_buffer_size=1, batch_size=400, max_length=100)
+  batches = data.train_dataset(files, hparams, seed=1).take(4)
+  assert {shard_of[pair] for batch in batches for pair in _sequences(batch)} == {0, 1, 2, 3}
+
+
+def test_shuffle_follows_the_seed(two_part_data, tmp_path):
+  from t2t_lite.problems import shards
+  from t2t_lite.problems.base import read_parallel
+  problem = registry.problem("translate_folder")
+  vocab = problem.get_vocab(two_part_data["out"])
+  train = read_parallel(os.path.join(two_part_data["raw"], "train.en"),
+                        os.path.join(two_part_data["raw"], "train.de"))
+  written = {}
+  for name, seed in (("again", 1), ("seed2", 2)):
+    files = [str(tmp_path / f"{name}-{i}.tfrecord") for i in range(4)]
+    assert shards.write_shuffled(vocab, train, files, 4000, seed) == 4000
+    written[name] = files
+  written["cli"] = problem.data_files(two_part_data["out"], "train")  # seed 1
+  content = {name: [open(path, "rb").read() for path in files] for name, files in written.items()}
+  assert content["again"] == content["cli"]  # the same seed in another process: same bytes
+  assert content["seed2"] != content["cli"]
+  assert (sorted(r for path in written["seed2"] for r in _shard_records(path))
+          == sorted(r for path in written["cli"] for r in _shard_records(path)))
+  assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]  # buckets removed
+
+
+def test_datagen_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
+  import tracemalloc
+  from t2t_lite.problems import shards, vocab
+  # Bounds small enough that 3,000 pairs already fill them: the sample, a chunk, a bucket.
+  monkeypatch.setattr(vocab, "SAMPLE_SENTENCES", 2000)
+  monkeypatch.setattr(shards, "CHUNK_PAIRS", 500)
+  monkeypatch.setattr(shards, "BUCKET_PAIRS", 750)
+  peaks, text_bytes = {}, {}
+  for pairs in (300, 3000, 12000):  # the first run also allocates what stays (modules, caches)
+    raw = tmp_path / f"raw{pairs}"
+    _write_folder_corpus(raw, _multi30k_pairs(pairs), _multi30k_pairs(50))
+    text_bytes[pairs] = os.path.getsize(raw / "train.en") + os.path.getsize(raw / "train.de")
+    problem = registry.problem("translate_folder")
+    problem.configure(source_lang="en", target_lang="de", vocab_size=300)
+    tracemalloc.start()
+    try:
+      manifest = problem.generate_data(str(tmp_path / f"out{pairs}"), str(raw))
+      peaks[pairs] = tracemalloc.get_traced_memory()[1]
+    finally:
+      tracemalloc.stop()
+    assert manifest["splits"]["train"]["kept"] == pairs
+  growth, more_text = peaks[12000] - peaks[3000], text_bytes[12000] - text_bytes[3000]
+  # Holding the split in Python would grow by more than its text (str + id lists).
+  assert growth < more_text / 4, f"peak grew {growth} bytes for {more_text} more bytes of text; {peaks}"
+
+
+def test_reservoir_sample_is_seeded_uniform_and_whole_when_small():
+  from t2t_lite.problems.vocab import reservoir_sample
+  assert reservoir_sample(iter(range(50)), 100, seed=1) == list(range(50))
+  sample = reservoir_sample(iter(range(100_000)), 1000, seed=1)
+  assert sample == reservoir_sample(iter(range(100_000)), 1000, seed=1)
+  assert sample != reservoir_sample(iter(range(100_000)), 1000, seed=2)
+  assert len(set(sample)) == 1000 and 45_000 < np.mean(sample) < 55_000
+  assert sum(item >= 50_000 for item in sample) > 400  # the end of the stream is not ignored
+
+
+def test_a_longer_target_file_is_found_at_the_end_of_the_stream(tmp_path):
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  with open(raw / "train.de", "a") as f:
+    f.write("ein Satz zu viel\n")
+  result = _datagen(tmp_path, raw)
+  _assert_usage_error(result, f"line counts differ: {raw}/train.en has 300 lines, "
+                      f"{raw}/train.de has 301", out_dir=tmp_path / "out")

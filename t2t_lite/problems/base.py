@@ -2,7 +2,8 @@
 
 Files in `data_dir`, all named after the problem:
   <problem>.vocab.model                      the sentencepiece model
-  <problem>-<split>-<i>-of-<n>.tfrecord      tf.train.Example: inputs, targets (+ raw text)
+  <problem>-<split>-<i>-of-<n>.tfrecord      tf.train.Example: inputs, targets; train
+                                             shuffled, dev and test in input order (+ raw text)
   <problem>.manifest.json                    written last; counts, drops, checksums
 
 Every file is written under a temporary name and renamed, and the manifest comes last, so
@@ -16,79 +17,102 @@ import gzip
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
 from absl import logging
 
-from t2t_lite.errors import UsageError
-from t2t_lite.files import atomic_path, write_atomic
+from t2t_lite.errors import RunError, UsageError
+from t2t_lite.files import write_atomic
+from t2t_lite.problems import shards as shards_lib
 from t2t_lite.problems import vocab as vocab_lib
 
 SPLITS = ("train", "dev", "test")
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
-@dataclass
 class RawSplit:
-  """Sentence pairs read from one split, with what was dropped and why."""
-  pairs: list[tuple[str, str]]
-  read: int
-  dropped: dict[str, int] = field(default_factory=dict)
-  source: str = ""
+  """The sentence pairs of one split, streamed: each pass over it reads the raw data again.
+
+  A pass strips both sides and drops (and counts) the pairs with an empty side; `read`,
+  `kept` and `dropped` hold the counts of the last complete pass.
+  """
+
+  def __init__(self, read_pairs: Callable[[], Iterable[tuple[str, str]]], source: str):
+    self._read_pairs = read_pairs
+    self.source = source
+    self.read = self.kept = 0
+    self.dropped = {"empty_or_whitespace": 0}
+
+  def __iter__(self) -> Iterator[tuple[str, str]]:
+    read = empty = 0
+    for source, target in self._read_pairs():
+      read += 1
+      source, target = source.strip(), target.strip()
+      if source and target:
+        yield source, target
+      else:
+        empty += 1
+    self.read, self.kept, self.dropped = read, read - empty, {"empty_or_whitespace": empty}
+
+  def sentences(self) -> Iterator[str]:
+    """Source and target of each kept pair, in turn."""
+    for pair in self:
+      yield from pair
 
 
 def open_text(path: str):
   return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
-def read_lines(path: str) -> list[str]:
+def iter_lines(path: str) -> Iterator[str]:
   """Lines of a plain or gzip UTF-8 file, without line ends; invalid UTF-8 is an error."""
-  lines = []
   with open_text(path) as f:
     for number, raw in enumerate(f, start=1):
       try:
-        lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        line = raw.decode("utf-8")
       except UnicodeDecodeError as err:
         raise UsageError(f"{path}: line {number} is not valid UTF-8 ({err.reason} at byte "
                          f"{err.start}); fix or re-encode the file as UTF-8") from None
-  return lines
+      yield line.rstrip("\r\n")
+
+
+def read_lines(path: str) -> list[str]:
+  """All lines of a plain or gzip UTF-8 file (see iter_lines)."""
+  return list(iter_lines(path))
 
 
 def read_parallel(source_path: str, target_path: str) -> RawSplit:
-  """Aligned pairs of two files; counts must match; empty pairs are dropped and counted."""
+  """Line-aligned pairs of two files, streamed; a line-count mismatch is an error."""
   for path in (source_path, target_path):
     if not os.path.isfile(path):
       raise UsageError(f"missing data file {os.path.basename(path)}: looked for {path}")
-  sources, targets = read_lines(source_path), read_lines(target_path)
-  if len(sources) != len(targets):
-    raise UsageError(f"line counts differ: {source_path} has {len(sources)} lines, "
-                     f"{target_path} has {len(targets)}; the files must be line-aligned")
-  pairs, empty = [], 0
-  for source, target in zip(sources, targets):
-    source, target = source.strip(), target.strip()
-    if not source or not target:
-      empty += 1
-      continue
-    pairs.append((source, target))
-  return RawSplit(pairs=pairs, read=len(sources), dropped={"empty_or_whitespace": empty},
-                  source=f"{source_path} + {target_path}")
+
+  def mismatch(source_lines: int, target_lines: int) -> UsageError:
+    return UsageError(f"line counts differ: {source_path} has {source_lines} lines, "
+                      f"{target_path} has {target_lines}; the files must be line-aligned")
+
+  def pairs() -> Iterator[tuple[str, str]]:
+    sources, targets = iter_lines(source_path), iter_lines(target_path)
+    count = 0
+    for source in sources:
+      target = next(targets, None)
+      if target is None:
+        raise mismatch(count + 1 + sum(1 for _ in sources), count)
+      count += 1
+      yield source, target
+    rest = sum(1 for _ in targets)
+    if rest:
+      raise mismatch(count, count + rest)
+
+  return RawSplit(pairs, source=f"{source_path} + {target_path}")
 
 
 def file_sha256(path: str) -> str:
   digest = hashlib.sha256()
   with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
+    for block in iter(lambda: f.read(1 << 16), b""):
       digest.update(block)
   return digest.hexdigest()
-
-
-def _int_feature(values):
-  import tensorflow as tf
-  return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-
-
-def _bytes_feature(value: str):
-  import tensorflow as tf
-  return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode("utf-8")]))
 
 
 class TranslateProblem(abc.ABC):
@@ -99,11 +123,13 @@ class TranslateProblem(abc.ABC):
   target_lang = "de"
   vocab_size = 8000
   num_train_shards = 4
+  datagen_seed = 1  # of the vocabulary sample and of the order of the training shards
 
   # --- what subclasses provide -------------------------------------------------------
   @abc.abstractmethod
   def read_raw(self, split: str, tmp_dir: str) -> RawSplit:
-    """The pairs of `split` ("train", "dev" or "test") from the raw data in `tmp_dir`."""
+    """The pairs of `split` ("train", "dev" or "test") in the raw data in `tmp_dir`, as a
+    RawSplit that streams them (datagen reads train twice, dev and test twice)."""
 
   def input_fingerprint(self, tmp_dir: str) -> dict:
     """What identifies the raw inputs; a change makes datagen run again."""
@@ -169,7 +195,7 @@ class TranslateProblem(abc.ABC):
   def _settings(self) -> dict:
     return {"vocab_size": self.vocab_size, "num_train_shards": self.num_train_shards,
             "source_lang": self.source_lang, "target_lang": self.target_lang,
-            "version": MANIFEST_VERSION}
+            "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION}
 
   def _up_to_date(self, data_dir: str, inputs: dict) -> bool:
     path = self.manifest_file(data_dir)
@@ -200,7 +226,11 @@ class TranslateProblem(abc.ABC):
   def generate_data(self, data_dir: str, tmp_dir: str) -> dict:
     """Runs datagen unless its outputs are already complete for the same inputs.
 
-    Returns the manifest, with "skipped": True when nothing had to be done.
+    Streams every split (memory holds a chunk, a bucket of the shuffle or the vocabulary
+    sample, never a split): dev and test are read once to check them, train once for the
+    vocabulary sample and once more to encode it into shuffled shards; dev and test are
+    then written in input order, which decoding and BLEU rely on. Returns the manifest, with
+    "skipped": True when nothing had to be done.
     """
     os.makedirs(data_dir, exist_ok=True)
     if not os.access(data_dir, os.W_OK):
@@ -211,28 +241,35 @@ class TranslateProblem(abc.ABC):
       manifest["skipped"] = True
       return manifest
     raw = {split: self.read_raw(split, tmp_dir) for split in SPLITS}
-    for split, data in raw.items():
-      if not data.pairs:
-        raise UsageError(f"the {split} split of {self.name} has no usable sentence pairs "
-                         f"(read {data.read} lines from {data.source})")
-      logging.info("%s %s: %d pairs read, %d kept", self.name, split, data.read,
-                   len(data.pairs))
-
-    train_text = [s for pair in raw["train"].pairs for s in pair]
+    for split in ("dev", "test"):  # small: a bad line there stops datagen before the long part
+      for _ in raw[split]:
+        pass
+      self._check_read(split, raw[split])
+    sample = vocab_lib.reservoir_sample(raw["train"].sentences(), vocab_lib.SAMPLE_SENTENCES,
+                                        self.datagen_seed)
+    self._check_read("train", raw["train"])
     try:
-      model_bytes = vocab_lib.train_sentencepiece(train_text, self.vocab_size)
+      model_bytes = vocab_lib.train_sentencepiece(sample, self.vocab_size, self.datagen_seed)
     except vocab_lib.VocabSizeTooHigh as err:
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
+    del sample
     write_atomic(self.vocab_file(data_dir), model_bytes)
     vocab = self.get_vocab(data_dir)
 
     splits = {}
     for split, data in raw.items():
-      shards = self.num_train_shards if split == "train" else 1
-      files = self.shard_files(data_dir, split, shards)
-      self._write_records(vocab, data.pairs, files, keep_text=split != "train")
-      splits[split] = {"read": data.read, "kept": len(data.pairs), "dropped": data.dropped,
+      expected = data.kept
+      if split == "train":
+        files = self.shard_files(data_dir, split, self.num_train_shards)
+        written = shards_lib.write_shuffled(vocab, data, files, expected, self.datagen_seed)
+      else:
+        files = self.shard_files(data_dir, split, 1)
+        written = shards_lib.write_in_order(vocab, data, files[0])
+      if written != expected:
+        raise RunError(f"the {split} split of {self.name} changed while datagen read it "
+                       f"({expected} pairs, then {written}; {data.source}); run datagen again")
+      splits[split] = {"read": data.read, "kept": data.kept, "dropped": data.dropped,
                        "source": data.source, "files": [os.path.basename(p) for p in files],
                        "bytes": [os.path.getsize(p) for p in files]}
     manifest = {"problem": self.name, "inputs": inputs, "settings": self._settings(),
@@ -240,21 +277,12 @@ class TranslateProblem(abc.ABC):
                           "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
                 "splits": splits}
     write_atomic(self.manifest_file(data_dir),
-                  json.dumps(manifest, indent=2, sort_keys=True).encode())
+                 json.dumps(manifest, indent=2, sort_keys=True).encode())
     manifest["skipped"] = False
     return manifest
 
-  @staticmethod
-  def _write_records(vocab, pairs, files, keep_text: bool) -> None:
-    import tensorflow as tf
-    sources = vocab.encode_batch([s for s, _ in pairs])
-    targets = vocab.encode_batch([t for _, t in pairs])
-    for shard, path in enumerate(files):
-      with atomic_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
-        for i in range(shard, len(pairs), len(files)):
-          feature = {"inputs": _int_feature(sources[i]), "targets": _int_feature(targets[i])}
-          if keep_text:
-            feature["inputs_text"] = _bytes_feature(pairs[i][0])
-            feature["targets_text"] = _bytes_feature(pairs[i][1])
-          example = tf.train.Example(features=tf.train.Features(feature=feature))
-          writer.write(example.SerializeToString())
+  def _check_read(self, split: str, data: RawSplit) -> None:
+    if not data.kept:
+      raise UsageError(f"the {split} split of {self.name} has no usable sentence pairs "
+                       f"(read {data.read} lines from {data.source})")
+    logging.info("%s %s: %d pairs read, %d kept", self.name, split, data.read, data.kept)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import re
 from typing import Iterable, Sequence
 
@@ -12,6 +13,8 @@ import sentencepiece as spm
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
+# At most this many sentences reach the trainer (tensor2tensor's and sentencepiece's usual 2M).
+SAMPLE_SENTENCES = 2_000_000
 
 
 class VocabSizeTooHigh(ValueError):
@@ -22,16 +25,41 @@ class VocabSizeTooHigh(ValueError):
     self.limit = limit
 
 
-def train_sentencepiece(sentences: Iterable[str], vocab_size: int, seed: int = 1) -> bytes:
-  """Trains a unigram sentencepiece model on `sentences`; returns the model file's bytes."""
+def reservoir_sample(items: Iterable[str], size: int, seed: int) -> list[str]:
+  """A uniform sample of `size` items from a stream of unknown length, seeded (algorithm R).
+
+  Memory holds `size` items whatever the stream's length; a stream of at most `size` items
+  comes back whole and in order.
+  """
+  rng = random.Random(seed)
+  sample = []
+  for seen, item in enumerate(items):
+    if seen < size:
+      sample.append(item)
+    else:
+      slot = rng.randrange(seen + 1)
+      if slot < size:
+        sample[slot] = item
+  return sample
+
+
+def train_sentencepiece(sentences: Sequence[str], vocab_size: int, seed: int = 1) -> bytes:
+  """Trains a unigram sentencepiece model on `sentences`; returns the model file's bytes.
+
+  At most SAMPLE_SENTENCES sentences: draw them from a larger stream with
+  `reservoir_sample`. Sentencepiece's own sampling of a larger input ignores the seed (two
+  runs gave two models); the same sample always gives the same model.
+  """
+  if len(sentences) > SAMPLE_SENTENCES:
+    raise ValueError(f"{len(sentences)} sentences: sample at most {SAMPLE_SENTENCES} first")
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-        unk_id=UNK_ID, bos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-        max_sentence_length=4096, num_threads=2, minloglevel=2)
+        unk_id=UNK_ID, bos_id=-1, input_sentence_size=SAMPLE_SENTENCES,
+        shuffle_input_sentence=True, max_sentence_length=4096, num_threads=2, minloglevel=2)
   except RuntimeError as err:
     found = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
                       str(err))

@@ -37,19 +37,15 @@ class TranslateEndeWmt14(TranslateProblem):
     return builder
 
   def read_raw(self, split: str, tmp_dir: str) -> RawSplit:
-    import tensorflow_datasets as tfds
     builder = self._builder(tmp_dir)
-    pairs, empty, read = [], 0, 0
-    for example in tfds.as_numpy(builder.as_dataset(split=TFDS_SPLITS[split])):
-      read += 1
-      source = example[self.source_lang].decode("utf-8").strip()
-      target = example[self.target_lang].decode("utf-8").strip()
-      if not source or not target:
-        empty += 1
-        continue
-      pairs.append((source, target))
-    return RawSplit(pairs=pairs, read=read, dropped={"empty_or_whitespace": empty},
-                    source=f"tfds {TFDS_NAME}:{TFDS_SPLITS[split]}")
+
+    def pairs():
+      import tensorflow_datasets as tfds
+      for example in tfds.as_numpy(builder.as_dataset(split=TFDS_SPLITS[split])):
+        yield (example[self.source_lang].decode("utf-8"),
+               example[self.target_lang].decode("utf-8"))
+
+    return RawSplit(pairs, source=f"tfds {TFDS_NAME}:{TFDS_SPLITS[split]}")
 
   def input_fingerprint(self, tmp_dir: str) -> dict:
     builder = self._builder(tmp_dir)
