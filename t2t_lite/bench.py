@@ -1,6 +1,10 @@
 """`make bench`: memory, speed and exactness figures, each configuration in its own process.
 
-python -m t2t_lite.bench --out_dir=bench_out [--quick]
+python -m t2t_lite.bench --out_dir=bench_out [--quick] [--run_dir=runs/multi30k_ende/avg]
+python -m t2t_lite.bench --decode_only   # only the decode comparison (about 5 minutes)
+
+The decode comparison (t2t-lite's decoder at --decode_before and now, the SavedModel, and
+CTranslate2 float32 and int8) runs when --run_dir holds a trained run.
 
 Writes bench_out/bench.json and bench_out/bench.md (the table the README shows). Figures
 are ratios within one run where possible; absolute times vary between machines.
@@ -322,6 +326,66 @@ def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: st
   return specs
 
 
+DECODE_ENGINES = (("before", "t2t-lite before ({commit})"), ("after", "t2t-lite now"),
+                  ("saved_model", "SavedModel"), ("ctranslate2_float32", "CTranslate2 float32"),
+                  ("ctranslate2_int8", "CTranslate2 int8"))
+
+
+def decode_comparison(run_dir: str, raw_dir: str, out_dir: str, before_commit: str,
+                      sentences: int = 0) -> dict:
+  """test_2016_flickr with beam 4 (alpha 0.6), batches of 64 sentences, by t2t-lite's decoder
+  at `before_commit` and now, the SavedModel, and CTranslate2 float32 and int8: each in a
+  fresh process, one after another. The exports are made first (not timed)."""
+  import io
+  import tarfile
+  import tempfile
+  from t2t_lite import decode_speed
+  from t2t_lite.export import serving_speed
+  spec = {"output_dir": run_dir, "source": os.path.join(raw_dir, "test_2016_flickr.en.gz"),
+          "reference": os.path.join(raw_dir, "test_2016_flickr.de.gz"), "beam_size": 4,
+          "alpha": 0.6, "batch_size": 64, "sentences": sentences}
+  exports = os.path.join(out_dir, "exports")
+  exporter = [os.path.join(os.path.dirname(sys.executable), "t2t-lite-exporter"),
+              f"--output_dir={run_dir}", "--overwrite", "--decode_hparams=beam_size=4,alpha=0.6"]
+  for name, args in (("saved_model", []), ("ctranslate2_float32", ["--format=ctranslate2"]),
+                     ("ctranslate2_int8", ["--format=ctranslate2", "--quantization=int8"])):
+    done = subprocess.run([*exporter, f"--export_dir={os.path.join(exports, name)}", *args],
+                          capture_output=True, text=True)
+    if done.returncode:
+      return {"error": f"export {name}: {done.stderr.strip().splitlines()[-1]}"}
+  results = {"_commit": before_commit, "_sentences": sentences or 1000}
+  with tempfile.TemporaryDirectory() as old:
+    archive = subprocess.run(["git", "archive", before_commit, "t2t_lite", "configs"], cwd=REPO,
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+      tar.extractall(old, filter="data")
+    results["before"] = decode_speed.measure_process(spec, old)
+  results["after"] = decode_speed.measure_process(spec)
+  for name, engine in (("saved_model", "saved_model"), ("ctranslate2_float32", "ctranslate2"),
+                       ("ctranslate2_int8", "ctranslate2")):
+    results[name] = serving_speed.measure_process(
+        {**spec, "engine": engine, "export_dir": os.path.join(exports, name)})
+  return results
+
+
+def decode_rows(d: dict) -> list[str]:
+  """The decode table: sentences/s while decoding (start-up excluded), the ratio to the
+  decoder before, the decoding and whole-process seconds, and BLEU."""
+  rows, before = [], d.get("before", {}).get("sentences_per_second")
+  for name, label in DECODE_ENGINES:
+    r = d.get(name, {})
+    label = label.format(commit=d.get("_commit", ""))
+    if "sentences_per_second" not in r:
+      rows.append(f"| decode, {label} | {r.get('error', 'not measured')} |")
+      continue
+    ratio = f" ({r['sentences_per_second'] / before:.1f}x)" if before else ""
+    rows.append(f"| decode {d.get('_sentences', 1000)} test_2016_flickr sentences, beam 4, "
+                f"batch 64: {label} | {r['sentences_per_second']:.1f} sentences/s{ratio}; "
+                f"{r['decode_seconds']:.1f} s decoding, {r['process_seconds']:.1f} s whole "
+                f"process; BLEU {r.get('bleu', float('nan')):.2f} |")
+  return rows
+
+
 def table(results: dict) -> str:
   rows = ["| measurement | figure |", "|---|---|"]
   for label in ("transformer_multi30k_cpu", "transformer_base"):
@@ -370,6 +434,8 @@ def table(results: dict) -> str:
                 f"{d['beam1_uncached']:.1f} ({d['beam1_cached'] / d['beam1_uncached']:.1f}x) |")
     rows.append(f"| decode sentences/s, beam 4 cached / uncached | {d['beam4_cached']:.1f} / "
                 f"{d['beam4_uncached']:.1f} ({d['beam4_cached'] / d['beam4_uncached']:.1f}x) |")
+  if "decode_comparison" in results:
+    rows.extend(decode_rows(results["decode_comparison"]))
   c = results.get("two_workers/transformer_tiny/n=1", {})
   if "packed" in c and "per_tensor" in c:
     packed, per_tensor = c["packed"], c["per_tensor"]
@@ -395,7 +461,16 @@ def main(argv=None) -> None:
   parser.add_argument("--checkpoint", default=None, help="a trained model for decoding")
   parser.add_argument("--table_only", action="store_true",
                       help="rewrite bench.md from an existing bench.json")
+  parser.add_argument("--run_dir", default="runs/multi30k_ende/avg",
+                      help="the trained run (or averaged run) of the decode comparison")
+  parser.add_argument("--decode_before", default="dbe53b6",
+                      help="the commit whose decoder is the comparison's 'before'")
+  parser.add_argument("--decode_only", action="store_true",
+                      help="run only the decode comparison; merge it into bench.json")
   args = parser.parse_args(argv)
+  if args.decode_only and not os.path.isfile(os.path.join(args.run_dir, "hparams.json")):
+    parser.error(f"--decode_only: --run_dir={args.run_dir} is not a trained run (no "
+                 "hparams.json); run make train first or pass --run_dir")
   if args.worker:
     spec = json.loads(args.worker)
     print(json.dumps(WORKERS[spec["kind"]](spec)))
@@ -415,10 +490,20 @@ def main(argv=None) -> None:
     found = sorted(glob.glob("runs/multi30k_ende/avg/ckpt-*.index"))
     checkpoint = found[-1][:-len(".index")] if found else None
   results = {}
+  bench_json = os.path.join(args.out_dir, "bench.json")
+  if args.decode_only and os.path.isfile(bench_json):
+    with open(bench_json) as f:
+      results = json.load(f)
   start = time.time()
-  for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir, checkpoint):
-    results[name] = run_worker(spec)
-    print(f"{name}: {json.dumps(results[name])}", flush=True)
+  if not args.decode_only:
+    for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir,
+                            checkpoint):
+      results[name] = run_worker(spec)
+      print(f"{name}: {json.dumps(results[name])}", flush=True)
+  if os.path.isfile(os.path.join(args.run_dir, "hparams.json")) and not args.quick:
+    results["decode_comparison"] = decode_comparison(args.run_dir, raw_dir, args.out_dir,
+                                                     args.decode_before)
+    print(f"decode_comparison: {json.dumps(results['decode_comparison'])}", flush=True)
   results["_meta"] = {"seconds": round(time.time() - start, 1), "quick": args.quick,
                       "cpu_count": os.cpu_count()}
   os.makedirs(args.out_dir, exist_ok=True)

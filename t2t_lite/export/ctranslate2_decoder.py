@@ -1,6 +1,6 @@
 """Decoding with a CTranslate2 export, as t2t-lite-decoder decodes with its own search.
 
-What is the same: the batches (sources sorted by length, `batch_size` sentences each), the
+What is the same: the batches (sources sorted by length, as t2t_lite.decode batches them), the
 output cap (the batch's longest source + `extra_length` tokens), truncation of long sources,
 padding never predicted (suppressed), EOS allowed from the first step, and the final choice
 among the finished hypotheses by tensor2tensor's score, log p / ((5 + length) / 6)^alpha with
@@ -26,6 +26,22 @@ def t2t_score(ctranslate2_score: float, length: int, alpha: float) -> float:
   return log_prob / ((5.0 + length) / 6.0) ** alpha
 
 
+def batches(sources, max_length: int, batch_size: int = 32, batch_tokens: int = 0):
+  """The batches of t2t_lite.decode.Decoder.batches (a test holds the two equal), without
+  importing TensorFlow: index lists in length order, each of at most batch_size sentences and
+  batch_tokens source tokens counting padding (0: no limit)."""
+  order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+  chunks, current = [], []
+  for i in order:
+    length = min(len(sources[i]), max_length)
+    full = batch_size and len(current) >= batch_size
+    if current and (full or (batch_tokens and (len(current) + 1) * length > batch_tokens)):
+      chunks.append(current)
+      current = []
+    current.append(i)
+  return chunks + ([current] if current else [])
+
+
 class Ctranslate2Decoder:
   """translate_ids / translate_nbest with t2t_lite.decode.Decoder's arguments and results."""
 
@@ -47,13 +63,12 @@ class Ctranslate2Decoder:
     self.ids = {piece: i for i, piece in enumerate(self.pieces)}
 
   def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                      batch_size: int = 32) -> list[list[tuple[list[int], float]]]:
+                      batch_size: int = 32, batch_tokens: int = 0
+                      ) -> list[list[tuple[list[int], float]]]:
     """Per source (ids ending in EOS), in order: (ids without EOS, tensor2tensor score) pairs,
     best first; beam_size of them (one with greedy)."""
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-      chunk = order[start:start + batch_size]
+    for chunk in batches(sources, self.max_length, batch_size, batch_tokens):
       # ctranslate2 appends the EOS itself (add_source_eos); long sources keep
       # max_length - 1 pieces, as the decoder keeps them.
       rows = [[self.pieces[t] for t in sources[i] if t != EOS_ID][:self.max_length - 1]
@@ -74,9 +89,11 @@ class Ctranslate2Decoder:
     return results
 
   def translate_ids(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                    batch_size: int = 32, use_cache: bool = True) -> list[list[int]]:
+                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
+                    ) -> list[list[int]]:
     """The best translation of each of `sources` (ids ending in EOS), in order."""
     if not use_cache:
       raise UsageError("use_cache=false is a setting of --engine=tensorflow; CTranslate2 "
                        "always decodes with its cache")
-    return [nbest[0][0] for nbest in self.translate_nbest(sources, beam_size, alpha, batch_size)]
+    return [nbest[0][0] for nbest in
+            self.translate_nbest(sources, beam_size, alpha, batch_size, batch_tokens)]

@@ -11,16 +11,21 @@ Signatures:
   for servers without tensorflow-text.
 
 The sentencepiece model is held by the tokenizer op inside the graph and copied to
-`assets/` under its own name, so the directory works once the run is deleted. Loading needs
+`assets/sentencepiece.model`, so the directory works once the run is deleted. Loading needs
 `import tensorflow_text` (it registers the SentencePiece ops) and nothing from t2t_lite.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import tensorflow as tf
 from absl import logging
 
 from t2t_lite.errors import UsageError
+from t2t_lite.export import VOCAB_FILE
 from t2t_lite.problems.vocab import EOS_ID
 
 
@@ -64,7 +69,9 @@ class Serving(tf.Module):
     self._extra_length = options.extra_decode_length
     self._return_beams = options.return_beams
 
+  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
   def _decode(self, ids):
+    """(ids [B, K, T], scores [B, K]); one traced search that both signatures call."""
     ids = truncate(ids, self._max_length)
     return self._search(ids, tf.shape(ids)[1] + self._extra_length)
 
@@ -94,7 +101,14 @@ class Serving(tf.Module):
 
 def export(model, hparams, vocab_file: str, directory: str, options) -> None:
   """Writes the SavedModel into `directory` (which exists and is empty)."""
-  serving = Serving(model, vocab_file, hparams.max_length, options)
+  with tempfile.TemporaryDirectory() as staging:
+    # Staged under the name a CTranslate2 export uses too (the saver keeps file names).
+    asset = os.path.join(staging, VOCAB_FILE)
+    shutil.copyfile(vocab_file, asset)
+    _save(Serving(model, asset, hparams.max_length, options), directory)
+
+
+def _save(serving, directory: str) -> None:
   signatures = {"serving_default": serving.translate.get_concrete_function(),
                 "translate_ids": serving.translate_ids.get_concrete_function()}
   # The saver logs every renamed function input at INFO; keep the exporter's output readable.
