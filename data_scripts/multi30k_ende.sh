@@ -20,13 +20,13 @@ t2t-lite-trainer --problem=translate_ende_multi30k --hparams_set=transformer_mul
   --train_steps=100000 --save_checkpoints_steps=30 --keep_checkpoint_max=6 --log_every=25 \
   --local_eval_frequency=200 --eval_steps=0 --eval_bleu_sentences=200 ${TRAIN_FLAGS:-}
 
-echo "== 4/5 average the last 6 checkpoints -> $run_dir/avg"
-t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=6 --avg_dir="$run_dir/avg"
+echo "== 4/5 average the last 6 checkpoints -> ${run_dir}_avg"
+t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=6 --avg_dir="${run_dir}_avg"
 
 echo "== 5/5 decode test_2016_flickr with beam 4, alpha 0.6, and score it"
 gunzip -c "$raw_dir/test_2016_flickr.en.gz" > "$run_dir/test_2016_flickr.en"
 gunzip -c "$raw_dir/test_2016_flickr.de.gz" > "$run_dir/test_2016_flickr.de"
-t2t-lite-decoder --output_dir="$run_dir/avg" --decode_hparams="beam_size=4,alpha=0.6,batch_size=64" \
+t2t-lite-decoder --output_dir="${run_dir}_avg" --decode_hparams="beam_size=4,alpha=0.6,batch_size=64" \
   --decode_from_file="$run_dir/test_2016_flickr.en" --decode_to_file="$run_dir/test_2016_flickr.de.out"
 t2t-lite-bleu --translation="$run_dir/test_2016_flickr.de.out" \
   --reference="$run_dir/test_2016_flickr.de" | tee "$run_dir/bleu.txt"
@@ -35,6 +35,6 @@ echo
 echo "Done in $(( ($(date +%s) - start) / 60 )) minutes."
 echo "  data and vocabulary:  $data_dir"
 echo "  checkpoints, TensorBoard summaries:  $run_dir   (tensorboard --logdir $run_dir)"
-echo "  averaged checkpoint:  $run_dir/avg"
+echo "  averaged checkpoint:  ${run_dir}_avg"
 echo "  translations:  $run_dir/test_2016_flickr.de.out"
 echo "  score:  $run_dir/bleu.txt"

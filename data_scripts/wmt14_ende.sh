@@ -20,7 +20,7 @@ t2t-lite-trainer --problem=translate_ende_wmt14 --hparams_set=transformer_base_f
   --data_dir="$data_dir" --output_dir="$run_dir" --train_steps="${TRAIN_STEPS:-100000}" \
   --save_checkpoints_steps=1000 --keep_checkpoint_max=20 --local_eval_frequency=5000 \
   --eval_bleu_sentences=500
-t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=5 --avg_dir="$run_dir/avg"
+t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=5 --avg_dir="${run_dir}_avg"
 python3 - "$tfds_dir" "$work" <<'PY'
 import sys
 import tensorflow_datasets as tfds
@@ -30,7 +30,7 @@ with open(f"{sys.argv[2]}/newstest2014.en", "w") as en, open(f"{sys.argv[2]}/new
         en.write(ex["en"].decode().replace("\n", " ") + "\n")
         de.write(ex["de"].decode().replace("\n", " ") + "\n")
 PY
-t2t-lite-decoder --output_dir="$run_dir/avg" --decode_hparams="beam_size=4,alpha=0.6,batch_size=64" \
+t2t-lite-decoder --output_dir="${run_dir}_avg" --decode_hparams="beam_size=4,alpha=0.6,batch_size=64" \
   --decode_from_file="$work/newstest2014.en" --decode_to_file="$work/newstest2014.de.out"
 t2t-lite-bleu --translation="$work/newstest2014.de.out" --reference="$work/newstest2014.de" \
   | tee "$work/bleu.txt"

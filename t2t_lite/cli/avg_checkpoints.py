@@ -1,52 +1,122 @@
-"""t2t-lite-avg-checkpoints: a checkpoint whose weights are the mean of the last N."""
+"""t2t-lite-avg-checkpoints: a checkpoint whose weights are the mean of the last N.
+
+It never touches its inputs: an --avg_dir equal to, inside or containing --output_dir is
+refused; the average is written into a temporary directory beside --avg_dir and renamed
+into place, so a failed or killed run leaves the old --avg_dir (or none) as it was. A run
+still training may delete its oldest checkpoints while they are read: the averaging then
+starts again with the newest ones.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
-from absl import flags
+from absl import flags, logging
 
 from t2t_lite.cli import common
-from t2t_lite.errors import UsageError
+from t2t_lite.errors import RunError, UsageError
+from t2t_lite.files import write_atomic
 
-flags.DEFINE_string("output_dir", None, "The training run directory.")
+flags.DEFINE_string("output_dir", None, "The training run directory (read only).")
 common.define_count("num_last_checkpoints", 5, "How many of the newest checkpoints to "
                     "average.", minimum=1)
-flags.DEFINE_string("avg_dir", None, "Where the averaged checkpoint (and hparams.json) go.")
+flags.DEFINE_string("avg_dir", None, "Where the averaged checkpoint (and hparams.json) go: a "
+                    "new directory, or one an earlier averaging wrote (it is replaced). Not "
+                    "inside --output_dir.")
 FLAGS = flags.FLAGS
+
+MARKER = "averaged.json"  # what this program writes: an earlier average may be replaced
+ATTEMPTS = 3
+
+
+def check_dirs(output_dir: str, avg_dir: str) -> None:
+  """Usage errors for an --avg_dir that overlaps the run or holds something else."""
+  run, out = os.path.realpath(output_dir), os.path.realpath(avg_dir)
+  if not os.path.isdir(run):
+    raise UsageError(f"--output_dir={output_dir} is not a directory")
+  if out == run or out.startswith(run + os.sep) or run.startswith(out + os.sep):
+    where = ("is" if out == run else "is inside" if out.startswith(run + os.sep)
+             else "contains")
+    raise UsageError(f"--avg_dir={avg_dir} {where} --output_dir={output_dir}; averaging "
+                     f"never writes into the run it reads: use e.g. --avg_dir={run}_avg")
+  if os.path.exists(out):
+    if not os.path.isdir(out):
+      raise UsageError(f"--avg_dir={avg_dir} exists and is not a directory")
+    if os.listdir(out) and not os.path.isfile(os.path.join(out, MARKER)):
+      raise UsageError(f"--avg_dir={avg_dir} is not empty and was not written by "
+                       "t2t-lite-avg-checkpoints; choose a new directory")
+
+
+def _read_weights(checkpoint, path: str) -> None:
+  checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
+
+
+def _mean_of_newest(tf, model, output_dir: str, num_last: int) -> list[str]:
+  """Assigns to `model` the mean of the newest checkpoints' weights; their paths."""
+  checkpoint = tf.train.Checkpoint(model=model)
+  for attempt in range(ATTEMPTS):
+    state = tf.train.get_checkpoint_state(output_dir)
+    paths = list(state.all_model_checkpoint_paths)[-num_last:] if state else []
+    if not paths:
+      raise UsageError(f"no checkpoints in {output_dir}")
+    sums = None
+    try:
+      for path in paths:
+        _read_weights(checkpoint, path)
+        values = [v.numpy().astype("float64") for v in model.variables]
+        sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+    except (tf.errors.NotFoundError, tf.errors.DataLossError) as err:
+      # The trainer rotated a checkpoint away while it was read: take the newest again.
+      logging.warning("checkpoint %s vanished while being read (%s); starting again",
+                      path, str(err).splitlines()[0][:120])
+      continue
+    for variable, total in zip(model.variables, sums):
+      variable.assign((total / len(paths)).astype("float32"))
+    return paths
+  raise RunError(f"the checkpoints of {output_dir} changed {ATTEMPTS} times while being "
+                 "read; try again, or average a copy of the run")
 
 
 def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str]]:
   """Averages the model weights of the newest `num_last` checkpoints into `avg_dir`."""
   from t2t_lite import registry, rundir
+  check_dirs(output_dir, avg_dir)
   tf = common.import_tensorflow()
   hparams, meta = rundir.model_from_run(output_dir)
-  state = tf.train.get_checkpoint_state(output_dir)
-  paths = list(state.all_model_checkpoint_paths)[-num_last:] if state else []
-  if not paths:
-    raise UsageError(f"no checkpoints in {output_dir}")
   model = registry.model(hparams.model)(hparams, meta["vocab_size"])
-  checkpoint = tf.train.Checkpoint(model=model)
-  sums = None
-  for path in paths:
-    checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
-    values = [v.numpy().astype("float64") for v in model.variables]
-    sums = values if sums is None else [s + v for s, v in zip(sums, values)]
-  for variable, total in zip(model.variables, sums):
-    variable.assign((total / len(paths)).astype("float32"))
-  os.makedirs(avg_dir, exist_ok=True)
-  manager = tf.train.CheckpointManager(checkpoint, avg_dir, max_to_keep=1)
-  saved = manager.save(checkpoint_number=int(paths[-1].rsplit("-", 1)[1]))
-  shutil.copyfile(os.path.join(output_dir, rundir.META_FILE),
-                  os.path.join(avg_dir, rundir.META_FILE))
-  return saved, paths
+  paths = _mean_of_newest(tf, model, output_dir, num_last)
+  final = os.path.realpath(avg_dir)
+  os.makedirs(os.path.dirname(final), exist_ok=True)
+  tmp, old = f"{final}.tmp-{os.getpid()}", f"{final}.old-{os.getpid()}"
+  try:
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), tmp, max_to_keep=1)
+    saved = manager.save(checkpoint_number=int(paths[-1].rsplit("-", 1)[1]))
+    shutil.copyfile(os.path.join(output_dir, rundir.META_FILE),
+                    os.path.join(tmp, rundir.META_FILE))
+    write_atomic(os.path.join(tmp, MARKER), json.dumps(
+        {"checkpoints": [os.path.abspath(p) for p in paths]}, indent=2))
+    replacing = os.path.exists(final)
+    if replacing:  # an earlier average: moved aside, removed once the new one is in place
+      os.rename(final, old)
+    try:
+      os.rename(tmp, final)
+    except OSError:
+      if replacing:
+        os.rename(old, final)
+      raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+  return os.path.join(avg_dir, os.path.basename(saved)), paths
 
 
 def main() -> None:
   common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
-  common.require(FLAGS.avg_dir, "avg_dir", "runs/multi30k/avg")
-  common.check_writable_dir(FLAGS.avg_dir, "avg_dir")
+  common.require(FLAGS.avg_dir, "avg_dir", "runs/multi30k_avg")
+  check_dirs(FLAGS.output_dir, FLAGS.avg_dir)
+  common.check_writable_dir(os.path.dirname(os.path.abspath(FLAGS.avg_dir)), "avg_dir")
   saved, paths = average(FLAGS.output_dir, FLAGS.num_last_checkpoints, FLAGS.avg_dir)
   print(f"averaged {len(paths)} checkpoints ({', '.join(os.path.basename(p) for p in paths)}) "
         f"-> {saved}")
