@@ -34,10 +34,7 @@ def measure(spec: dict) -> dict:
   from t2t_lite.cli.common import import_tensorflow
   tf = import_tensorflow()
   from t2t_lite import decode
-  try:
-    from t2t_lite.restore import load_model
-  except ImportError:  # versions before t2t_lite/restore.py
-    from t2t_lite.cli.decoder import load_model
+  from t2t_lite.cli.decoder import load_model
   from t2t_lite.problems.base import read_lines
   times["import_seconds"] = time.perf_counter() - mark
 
@@ -62,7 +59,7 @@ def measure(spec: dict) -> dict:
   outputs = decoder.translate_ids(sources, *options, **extra)
   seconds = time.perf_counter() - mark
   translations = [vocab.decode(ids) for ids in outputs]
-  result = {**times, "decode_seconds": seconds, "sentences": len(sources),
+  result = {**times, "decode_module": decode.__file__, "decode_seconds": seconds, "sentences": len(sources),
             "sentences_per_second": len(sources) / seconds,
             "target_tokens": sum(len(ids) + 1 for ids in outputs)}
   if spec.get("reference"):
@@ -99,8 +96,10 @@ def measure_process(spec: dict, package_root: str | None = None, timeout: int = 
 def cli_process(args: list[str], package_root: str | None = None, timeout: int = 1800) -> dict:
   """Wall seconds of one whole t2t-lite-decoder process (of package_root's version)."""
   start = time.perf_counter()
-  result = subprocess.run([sys.executable, "-c", "from t2t_lite.cli.decoder import run; run()",
-                           *args], capture_output=True, text=True,
+  # -P: not the working directory's t2t_lite before package_root's.
+  result = subprocess.run([sys.executable, "-P", "-c",
+                           "from t2t_lite.cli.decoder import run; run()", *args],
+                          capture_output=True, text=True,
                           env=_environment(package_root), timeout=timeout)
   if result.returncode != 0:
     return {"error": (result.stderr.strip().splitlines() or ["failed"])[-1]}

@@ -13,6 +13,11 @@ from t2t_lite import decode, registry
 VOCAB = 50
 
 
+def compiled(search):
+  """tf.function without autograph, as Decoder compiles its search (twice as fast to trace)."""
+  return tf.function(search, autograph=False)
+
+
 @pytest.fixture(scope="module")
 def model():
   # A random model over a small vocabulary; a zero padding embedding keeps it from
@@ -38,7 +43,7 @@ def eos_leaning(vocab: int, seed: int, lean: float = 2.0):
   model.embedding[0].assign(tf.zeros([model.hidden]))
   eos = model.embedding[1]
   model.decoder_norm.bias.assign(eos * lean / tf.norm(eos))
-  model.teacher_forced = tf.function(model.decode, input_signature=[
+  model.teacher_forced = tf.function(model.decode, autograph=False, input_signature=[
       tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None, model.hidden]),
       tf.TensorSpec([None, 1, 1, None])])
   return model
@@ -96,7 +101,7 @@ def test_beam_search_equals_a_plain_reference(eos_model, inputs, beam, alpha, vo
   # vocab 700 takes the chunked candidate selection (and pads 700 to a multiple of 64).
   model = eos_model if vocab == VOCAB else eos_leaning(vocab, 5, lean=2.5)
   sources = [[t for t in row if t] for row in inputs.numpy().tolist()]
-  got = rows_of(*tf.function(lambda x: decode.search(model, x, 12, beam, alpha))(inputs))
+  got = rows_of(*compiled(lambda x: decode.search(model, x, 12, beam, alpha))(inputs))
   settled_early = ended = 0
   for source, hypotheses in zip(sources, got):
     expected = reference_beam_search(model, source, 12, beam, alpha)
@@ -114,7 +119,7 @@ def test_scores_are_the_teacher_forced_log_probs(eos_model, inputs):
   sources = [[t for t in row if t] for row in inputs.numpy().tolist()]
   ended = 0
   for beam in (1, 3):
-    ids, scores = tf.function(lambda x: decode.search(model, x, 12, beam, 0.6))(inputs)
+    ids, scores = compiled(lambda x: decode.search(model, x, 12, beam, 0.6))(inputs)
     assert ids.dtype == tf.int32 and scores.dtype == tf.float32
     assert ids.shape[:2] == (6, beam) and scores.shape == (6, beam)
     for source, hypotheses in zip(sources, rows_of(ids, scores)):
@@ -155,7 +160,7 @@ def test_padding_is_never_predicted(inputs):
   logits = model(inputs, tf.ones([6, 8], tf.int32))
   assert np.mean(np.argmax(logits.numpy(), -1) == 0) > 0.9, "the model should prefer padding"
   for beam in (1, 4):
-    ids, scores = tf.function(lambda x: decode.search(model, x, 8, beam, 0.6))(inputs)
+    ids, scores = compiled(lambda x: decode.search(model, x, 8, beam, 0.6))(inputs)
     ids = ids.numpy()
     assert ids.shape[2] == 8 and np.isfinite(scores.numpy()).all()
     for row in ids.reshape(-1, 8).tolist():
@@ -164,8 +169,8 @@ def test_padding_is_never_predicted(inputs):
 
 
 def test_cached_decoding_matches_uncached(model, inputs):
-  cached = tf.function(lambda x: decode.greedy_search(model, x, 15, return_logits=True))(inputs)
-  uncached = tf.function(lambda x: decode.greedy_search(
+  cached = compiled(lambda x: decode.greedy_search(model, x, 15, return_logits=True))(inputs)
+  uncached = compiled(lambda x: decode.greedy_search(
       decode.Uncached(model), x, 15, return_logits=True))(inputs)
   np.testing.assert_array_equal(cached[0].numpy(), uncached[0].numpy())
   np.testing.assert_allclose(cached[2].numpy(), uncached[2].numpy(), atol=1e-5, rtol=0)
@@ -175,16 +180,16 @@ def test_cached_decoding_matches_uncached(model, inputs):
 
 
 def test_uncached_beam_search_matches_cached(model, inputs):
-  cached = tf.function(lambda x: decode.beam_search(model, x, 12, 3, 0.6))(inputs)
-  uncached = tf.function(lambda x: decode.beam_search(decode.Uncached(model), x, 12, 3, 0.6))(
+  cached = compiled(lambda x: decode.beam_search(model, x, 12, 3, 0.6))(inputs)
+  uncached = compiled(lambda x: decode.beam_search(decode.Uncached(model), x, 12, 3, 0.6))(
       inputs)
   np.testing.assert_array_equal(cached[0].numpy(), uncached[0].numpy())
   np.testing.assert_allclose(cached[1].numpy(), uncached[1].numpy(), atol=1e-5, rtol=0)
 
 
 def test_beam_of_one_is_greedy(model, inputs):
-  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs)[0].numpy()
-  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 1, 0.0))(inputs)[0].numpy()
+  greedy = compiled(lambda x: decode.greedy_search(model, x, 15))(inputs)[0].numpy()
+  beam = compiled(lambda x: decode.beam_search(model, x, 15, 1, 0.0))(inputs)[0].numpy()
   np.testing.assert_array_equal(beam[:, 0], greedy)
 
 
@@ -204,8 +209,8 @@ def test_beam_search_finds_a_likelier_sequence_than_greedy(model, inputs):
       out[i, :len(row)] = row
     return out
 
-  greedy = tf.function(lambda x: decode.greedy_search(model, x, 15))(inputs)[0].numpy()
-  beam = tf.function(lambda x: decode.beam_search(model, x, 15, 4, 0.0))(inputs)[0][:, 0].numpy()
+  greedy = compiled(lambda x: decode.greedy_search(model, x, 15))(inputs)[0].numpy()
+  beam = compiled(lambda x: decode.beam_search(model, x, 15, 4, 0.0))(inputs)[0][:, 0].numpy()
   ended = [1 in g.tolist() and 1 in b.tolist() for g, b in zip(greedy, beam)]
   lp_greedy, lp_beam = log_prob(pad(greedy)), log_prob(pad(beam))
   assert all(b >= g - 1e-4 for b, g, e in zip(lp_beam, lp_greedy, ended) if e)
@@ -249,6 +254,16 @@ def test_batched_translation_restores_the_input_order(model, monkeypatch):
   sources = [[5, 6, 7, 1], [8, 1], [9, 10, 11, 12, 13, 14, 15, 1], [16, 17, 1], [18, 1]]
   out = decoder.translate_ids(sources, beam_size=4, batch_size=2)
   assert out == [[5, 6, 7], [8], [9, 10, 11, 12, 13], [16, 17], [18]]  # long one cut to 6
+
+
+def test_batches_count_sentences_and_tokens():
+  decoder = decode.Decoder(None, max_length=6)
+  sources = [[1] * n for n in (3, 9, 2, 5, 5, 4, 1)]  # lengths with EOS; 9 is cut to 6
+  # rows x longest row <= 10 tokens; a source longer than that would go alone.
+  assert decoder.batches(sources, 0, 10) == [[6, 2, 0], [5, 3], [4], [1]]
+  assert decoder.batches(sources, 2, 0) == [[6, 2], [0, 5], [3, 4], [1]]
+  assert decoder.batches(sources, 3, 12) == [[6, 2, 0], [5, 3], [4, 1]]
+  assert decoder.batches(sources, 1, 1) == [[i] for i in (6, 2, 0, 5, 3, 4, 1)]
 
 
 def test_decoder_rejects_an_empty_input(tiny_run, tmp_path):
