@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 
 import tensorflow as tf
@@ -82,13 +83,33 @@ def make_strategy(name: str, cpu_replicas: int = 1,
   return tf.distribute.get_strategy(), True, "chief"
 
 
+def tasks_per_node(spec: str) -> list[int]:
+  """Slurm's tasks-per-node list, e.g. '2(x3),1' -> [2, 2, 2, 1]."""
+  counts = []
+  for part in spec.split(","):
+    found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+    if not found:
+      raise UsageError(f"cannot read Slurm's tasks per node {spec!r}")
+    counts += [int(found.group(1))] * int(found.group(2) or 1)
+  return counts
+
+
 def planned_replicas(name: str, cpu_replicas: int = 1) -> int:
   """Replicas a strategy would have, without starting it (for --dry_run)."""
   gpus = len(tf.config.list_physical_devices("GPU"))
   if name == "multi_worker":
     config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
     workers = sum(len(v) for k, v in config.get("cluster", {}).items() if k in ("chief", "worker"))
-    return max(workers, int(os.environ.get("SLURM_NTASKS", "1"))) * max(gpus, 1)
+    if workers or not os.environ.get("SLURM_JOB_ID"):
+      return max(workers, 1) * max(gpus, 1)
+    # Slurm: as the resolver splits them, each task gets this node's GPUs divided by the
+    # most tasks any node runs (CPU-only nodes: one replica per task).
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS", "1"))
+    per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+                              or os.environ.get("SLURM_TASKS_PER_NODE") or str(tasks))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    node_gpus = len(visible.split(",")) if visible else gpus
+    return tasks * max(node_gpus // max(per_node), 1)
   if name == "mirrored" or (name == "auto" and gpus > 1):
     return gpus if gpus else max(cpu_replicas, 1)
   return 1

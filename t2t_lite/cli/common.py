@@ -99,7 +99,8 @@ def define_count(name: str, default: int, help_text: str, minimum: int = 0,
   """An integer flag checked when the flags are parsed (a usage error, exit 2, before any
   work): at least `minimum` (and at most `maximum`). The help text says what 0 means where
   0 is allowed."""
-  flags.DEFINE_integer(name, default, help_text)
+  module = sys._getframe(1).f_globals["__name__"]  # listed under its program in --helpfull
+  flags.DEFINE_integer(name, default, help_text, module_name=module)
   bound = f"must be at least {minimum}" + (f" and at most {maximum}" if maximum else "")
   flags.register_validator(
       name, lambda value: value is None or (value >= minimum and (maximum is None

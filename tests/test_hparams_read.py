@@ -1,0 +1,185 @@
+"""No hparam is accepted and ignored: each one changes the model, the data, the optimizer,
+the step plan or the divergence guard, or its changed value is refused.
+
+Every registered set has exactly the hparams of `basic_params`, so walking them once on a
+shrunken set covers every set; each registered set itself must pass the check as it is.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from configs.transformer import basic_params
+from t2t_lite import data, hparams_check, registry, steps
+from t2t_lite.errors import RunError, UsageError
+from t2t_lite.learner import Learner
+from t2t_lite.models import transformer
+from t2t_lite.train import NonFiniteGuard
+
+VOCAB = 40
+# Changed values for hparams whose generic change (+0.05 or x 0.5, +1, not, +"x")
+# would not say much.
+CHANGES = {
+    "model": "transformer_v2", "optimizer": "adafactor",
+    "layer_preprocess_sequence": "none", "layer_postprocess_sequence": "dan",
+    "learning_rate_schedule": "constant*linear_warmup",
+    "batch_size": 96, "effective_batch_tokens": 128, "num_heads": 4, "max_length": 24,
+    "min_length_bucket": 16, "length_bucket_step": 1.5, "hidden_size": 32,
+}
+
+
+def small():
+  hparams = registry.hparams("transformer_tiny")
+  hparams.override_from_dict(dict(
+      hidden_size=16, filter_size=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+      batch_size=64, max_length=32, shuffle_buffer_size=50, learning_rate_warmup_steps=4))
+  return hparams
+
+
+def changed_value(hparams, name):
+  if name in CHANGES:
+    return CHANGES[name]
+  value = getattr(hparams, name)
+  kind = hparams.kind(name)
+  if kind is bool:
+    return not value
+  if kind is int:
+    return value + 1
+  if kind is float:
+    return value + 0.05 if value < 0.5 else value * 0.5
+  return value + "x"
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("records") / "train.tfrecord")
+  rng = np.random.RandomState(0)
+  with tf.io.TFRecordWriter(path) as writer:
+    for _ in range(300):
+      source, target = rng.randint(3, VOCAB, rng.randint(1, 40)), rng.randint(3, VOCAB,
+                                                                             rng.randint(1, 40))
+      feature = {name: tf.train.Feature(int64_list=tf.train.Int64List(value=list(ids) + [1]))
+                 for name, ids in (("inputs", source), ("targets", target))}
+      writer.write(tf.train.Example(
+          features=tf.train.Features(feature=feature)).SerializeToString())
+  return path
+
+
+def _plan(hparams, train_file):
+  return steps.plan(hparams, 1, 10)
+
+
+def _guard(hparams, train_file):
+  guard, tolerated = NonFiniteGuard(hparams.max_consecutive_nonfinite), 0
+  try:
+    while tolerated < 100:
+      guard.record(False, False, 0)
+      tolerated += 1
+  except RunError:
+    pass
+  return tolerated
+
+
+def _batches(hparams, train_file):
+  return list(data.train_dataset([train_file], hparams, seed=1).take(2))
+
+
+def _data(hparams, train_file):
+  return [(b["inputs"].numpy().tolist(), b["targets"].numpy().tolist())
+          for b in _batches(hparams, train_file)]
+
+
+def _model(hparams, train_file):
+  model = registry.model(hparams.model)(hparams, VOCAB, seed=5)
+  inputs = tf.constant([[5, 6, 7, 8, 1], [9, 10, 1, 0, 0]])
+  targets = tf.constant([[11, 12, 1], [13, 1, 0]])
+  return (sum(v.shape.num_elements() for v in model.trainable_variables),
+          [float(v) for v in model.loss(inputs, targets, tf.constant([5, 1], tf.int64))])
+
+
+def _optimizer(hparams, train_file):
+  """One update: the learning rate, the parameters and Adam's slots after it."""
+  accumulate = steps.plan(hparams, 1, 10).accumulate_steps
+  learner = Learner(hparams, VOCAB, accumulate, seed=5)
+  batches = _batches(hparams, train_file)
+  for step in range(accumulate):
+    result = learner.step(batches[step % 2])
+  state = [*learner.model.variables, *learner.adam.m, *learner.adam.v]
+  return float(result["learning_rate"]), [float(np.sum(np.abs(v.numpy()))) for v in state]
+
+
+# Cheapest first: a changed hparam stops at the first part that differs.
+PARTS = (_plan, _guard, _model, _data, _optimizer)
+
+
+def refused(hparams) -> bool:
+  try:
+    hparams_check.check(hparams)
+    registry.models.canonical(hparams.model)
+    steps.plan(hparams, 1, 10)
+  except UsageError:
+    return True
+  return False
+
+
+@pytest.fixture(autouse=True)
+def eager_and_bfloat16_capable(monkeypatch):
+  # mixed_precision matters only on CPUs with native bfloat16: pretend this is one.
+  monkeypatch.setattr(transformer, "cpu_has_fast_bfloat16", lambda: True)
+  tf.config.run_functions_eagerly(True)  # 30+ small learners: no tracing
+  yield
+  tf.config.run_functions_eagerly(False)
+
+
+def test_every_registered_set_has_the_basic_hparams_and_passes_the_check():
+  names = set(basic_params().values())
+  for set_name in registry.hparams_sets.names():
+    hparams = registry.hparams(set_name)
+    assert set(hparams.values()) == names, set_name
+    hparams_check.check(hparams)
+
+
+def test_every_hparam_is_read_or_refused(train_file):
+  base = {part: part(small(), train_file) for part in PARTS}
+  assert base == {part: part(small(), train_file) for part in PARTS}, "must be deterministic"
+  ignored, refusals, read_by = [], [], {}
+  for name in sorted(small().values()):
+    hparams = small()
+    hparams.set_hparam(name, changed_value(hparams, name))
+    if refused(hparams):
+      refusals.append(name)
+      continue
+    read_by[name] = next((part.__name__ for part in PARTS
+                          if part(hparams, train_file) != base[part]), None)
+    if read_by[name] is None:
+      ignored.append(name)
+  assert not ignored, f"accepted and ignored: {ignored}"
+  assert set(refusals) == {"model", "optimizer", "layer_preprocess_sequence",
+                           "layer_postprocess_sequence"}, refusals
+  assert read_by["max_consecutive_nonfinite"] == "_guard"
+  assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"
+  assert read_by["shuffle_buffer_size"] == "_data" and read_by["label_smoothing"] == "_model"
+
+
+def test_post_norm_is_the_papers_block(train_file):
+  post = small()
+  post.layer_preprocess_sequence, post.layer_postprocess_sequence = "none", "dan"
+  model = registry.model("transformer")(post, VOCAB, seed=5)
+  pre = registry.model("transformer")(small(), VOCAB, seed=5)
+  # no layer norm at the end of the stacks: 2 norms x (scale, bias) fewer
+  assert len(pre.trainable_variables) - len(model.trainable_variables) == 4
+  from t2t_lite import rundir
+  assert sum(v.shape.num_elements() for v in model.trainable_variables) == \
+      rundir.parameter_count(post, VOCAB)
+  # Each block ends in a layer norm: the encoder output has zero mean and unit variance
+  # per position (before the scale and bias, which start at 1 and 0).
+  inputs = tf.constant([[5, 6, 7, 8, 1]])
+  memory, _ = model.encode(inputs)
+  np.testing.assert_allclose(tf.reduce_mean(memory, -1).numpy(), 0.0, atol=1e-5)
+  np.testing.assert_allclose(tf.math.reduce_std(memory, -1).numpy(), 1.0, atol=1e-2)
+  # and incremental decoding agrees with teacher forcing there too
+  from t2t_lite import decode
+  cached = tf.function(lambda x: decode.greedy_search(model, x, 6, return_logits=True))(inputs)
+  uncached = tf.function(lambda x: decode.greedy_search(
+      decode.Uncached(model), x, 6, return_logits=True))(inputs)
+  np.testing.assert_allclose(cached[1].numpy(), uncached[1].numpy(), atol=1e-5)
