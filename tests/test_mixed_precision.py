@@ -64,3 +64,19 @@ def test_without_native_bfloat16_the_cpu_stays_float32(monkeypatch):
   assert transformer.compute_dtype(no_dropout(mixed_precision=True)) == tf.float32
   monkeypatch.setattr(transformer, "cpu_has_fast_bfloat16", lambda: True)
   assert transformer.compute_dtype(no_dropout(mixed_precision=True)) == tf.bfloat16
+
+
+def test_overflow_at_the_minimum_loss_scale_is_not_absorbed(monkeypatch):
+  """Above the minimum scale an overflow is handled by halving it; at the minimum nothing is
+  left to halve, so it is reported as non-finite and counts toward max_consecutive_nonfinite."""
+  _force(monkeypatch, tf.float16)
+  mixed = learner_lib.Learner(no_dropout(mixed_precision=True), VOCAB, accumulate_steps=1,
+                              seed=3, nan_micro_steps=(1, 2))
+  batches = ragged_batches(2, seed=2)
+  mixed.loss_scale.assign(2.0)
+  above = mixed.step(batches[0])
+  assert not bool(above["finite"]) and bool(above["overflow"])
+  assert float(mixed.loss_scale.numpy()) == learner_lib.MIN_LOSS_SCALE == 1.0
+  at_minimum = mixed.step(batches[1])
+  assert not bool(at_minimum["finite"]) and not bool(at_minimum["overflow"])
+  assert int(mixed.skipped_updates.numpy()) == 2

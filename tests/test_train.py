@@ -4,6 +4,7 @@ import glob
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import TINY_FLAGS, cli, tiny_hparams
@@ -104,3 +105,49 @@ def test_resume_with_other_hparams_is_refused(tiny_run):
   assert "was trained with --hparams_set=transformer_tiny, not transformer_small" in \
       other_set.stderr
   assert "--allow_hparams_change" in other_set.stderr
+
+
+def _fake_steps(trainer, monkeypatch, stats, limit=300):
+  """Replaces the learner's step by one returning `stats` (an update's outcome) each time."""
+  calls = []
+
+  def step(batch):
+    calls.append(1)
+    assert len(calls) < limit, "the loop never checked its stop conditions"
+    return dict(stats, learning_rate=0.0, grad_norm=0.0, tokens=1.0, loss=1.0)
+  monkeypatch.setattr(trainer.learner, "step", step)
+  return calls
+
+
+def test_time_budget_stops_a_run_of_skipped_float16_updates(multi30k_data, tmp_path,
+                                                              monkeypatch):
+  trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=5, accumulate_steps=1,
+                         train_minutes=0.0005)
+  overflow = {"finite": False, "overflow": True}
+  _fake_steps(trainer, monkeypatch, overflow, limit=5000)
+  monkeypatch.setattr(trainer.learner, "loss_scale", tf.Variable(1.0), raising=False)
+  result = trainer.train()
+  assert result["stop_reason"] == "time budget of 0.0005 minutes reached"
+  assert result["updates"] == 0
+
+
+def test_overflows_at_the_minimum_scale_stop_a_diverging_run(multi30k_data, tmp_path,
+                                                              monkeypatch):
+  from t2t_lite.errors import RunError
+  trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=50, accumulate_steps=1)
+  # what the learner reports for an overflow it cannot absorb (see test_mixed_precision)
+  calls = _fake_steps(trainer, monkeypatch, {"finite": False, "overflow": False})
+  with pytest.raises(RunError, match="5 updates in a row had a non-finite loss"):
+    trainer.train()
+  assert len(calls) == trainer.hparams.max_consecutive_nonfinite == 5
+
+
+def test_a_stop_signal_is_seen_after_skipped_updates(multi30k_data, tmp_path, monkeypatch):
+  import signal as signals
+  trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=50, accumulate_steps=1)
+  calls = _fake_steps(trainer, monkeypatch, {"finite": False, "overflow": True})
+  monkeypatch.setattr(trainer.learner, "loss_scale", tf.Variable(1.0), raising=False)
+  trainer.faults.after_micro_step = lambda micro_step, request_stop: (
+      request_stop(signals.SIGTERM) if micro_step == 3 else None)
+  result = trainer.train()
+  assert result["stop_reason"] == f"signal {int(signals.SIGTERM)}" and len(calls) == 3
