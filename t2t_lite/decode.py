@@ -1,10 +1,14 @@
 """Greedy and beam search over a trained Transformer, with an incremental key/value cache.
 
 Beam search follows tensor2tensor's: 2K candidates per step, the K best unfinished stay
-alive, finished ones are scored log p / ((5 + length) / 6)^alpha, and the search stops when
+alive, finished ones are scored log p / ((5 + length) / 6)^alpha, and an input is done when
 no alive hypothesis can still beat the worst finished one. The output length is capped at
 the longest input of the batch + `extra_length` tokens. Padding (id 0, also the start
 symbol) is never predicted: its log-probability is -inf in both searches.
+
+What makes it fast on a CPU (see the model's init_cache for the cache): the 2K candidates
+are found through chunk maxima rather than a top_k over K x V; done inputs leave the batch;
+batches are counted in source tokens; the search is compiled without autograph.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import tensorflow as tf
 from t2t_lite.problems.vocab import EOS_ID
 
 INF = 1e7
+CHUNK = 64  # candidate selection: vocabulary positions per chunk (see _top_candidates)
 
 
 def length_penalty(length, alpha: float):
@@ -21,19 +26,10 @@ def length_penalty(length, alpha: float):
   return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-CHUNK = 64  # candidate selection: vocabulary positions per chunk (see _top_candidates)
-
-
 def mask_padding(logits):
   """Logits [N, V] with padding's (id 0, the start symbol, never an output) at -inf."""
   vocab = logits.shape[-1]
   return logits + tf.constant([-float("inf")] + [0.0] * (vocab - 1))
-
-
-def log_probs(logits):
-  """Log-probabilities [N, V] from logits, padding's at -inf."""
-  masked = mask_padding(logits)
-  return masked - tf.reduce_logsumexp(masked, axis=-1, keepdims=True)
 
 
 def _top_candidates(masked, offset, beam: int, count: int):
@@ -121,8 +117,9 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
   Finished hypotheses (ending in EOS, then padding) come first; where fewer than K finished,
   the best unfinished ones fill the rest, scored by their length. An input is settled once no
   alive hypothesis can beat its finished ones (tensor2tensor's bound, per input): its result
-  is written then, so it does not depend on the other inputs of the batch, and settled inputs
-  leave the batch (as soon as a quarter of it has settled), so the work shrinks as it goes.
+  is written then, so it does not depend on how long the other inputs of the batch run (the
+  best hypothesis is the one the whole-batch loop finds), and settled inputs leave the batch
+  (as soon as a quarter of it has settled), so the work shrinks as it goes.
   """
   decode_length = tf.maximum(decode_length, 1)
   memory, bias = model.encode(inputs)

@@ -59,8 +59,8 @@ def measure(spec: dict) -> dict:
   outputs = decoder.translate_ids(sources, *options, **extra)
   seconds = time.perf_counter() - mark
   translations = [vocab.decode(ids) for ids in outputs]
-  result = {**times, "decode_module": decode.__file__, "decode_seconds": seconds, "sentences": len(sources),
-            "sentences_per_second": len(sources) / seconds,
+  result = {**times, "decode_module": decode.__file__, "decode_seconds": seconds,
+            "sentences": len(sources), "sentences_per_second": len(sources) / seconds,
             "target_tokens": sum(len(ids) + 1 for ids in outputs)}
   if spec.get("reference"):
     import sacrebleu
