@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -23,24 +24,9 @@ flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_di
 FLAGS = flags.FLAGS
 
 
-def export_hparams(spec: str, export_format: str):
-  """The decoding settings an export is built with; every key is used or refused."""
-  from t2t_lite.hparams import HParams
-  hparams = HParams(beam_size=4, alpha=0.6, return_beams=False, extra_decode_length=50)
-  hparams.parse(spec)
-  if hparams.beam_size < 1:
-    raise UsageError("--decode_hparams: beam_size must be at least 1")
-  if hparams.extra_decode_length < 0:
-    raise UsageError("--decode_hparams: extra_decode_length must be at least 0")
-  if hparams.return_beams and export_format != "saved_model":
-    raise UsageError("--decode_hparams: return_beams is a SavedModel setting; CTranslate2 "
-                     "returns n-best lists through its num_hypotheses option")
-  return hparams
-
-
 def check_flags() -> None:
   """Usage errors that need no TensorFlow: flags, formats, the export directory."""
-  from t2t_lite.export import FORMATS, check_export_dir
+  from t2t_lite.export import FORMATS, check_export_dir, export_hparams
   from t2t_lite.export.ctranslate2_model import QUANTIZATIONS
   if not FLAGS.output_dir and not FLAGS.checkpoint_path:
     raise UsageError("--output_dir is required, e.g. --output_dir=runs/ende/avg")
@@ -58,41 +44,21 @@ def check_flags() -> None:
                      "only; a SavedModel keeps the float32 weights")
   if not os.path.isdir(FLAGS.output_dir):
     raise UsageError(f"--output_dir={FLAGS.output_dir} is not a directory")
+  if not FLAGS.checkpoint_path and not glob.glob(os.path.join(FLAGS.output_dir, "*.index")):
+    raise UsageError(f"no checkpoint found in {FLAGS.output_dir}; pass --checkpoint_path")
   checkpoint_files = []
   if FLAGS.checkpoint_path:
     checkpoint_files = [FLAGS.checkpoint_path, os.path.dirname(FLAGS.checkpoint_path) or "."]
   check_export_dir(FLAGS.export_dir, [FLAGS.output_dir, *checkpoint_files], FLAGS.overwrite)
   common.check_writable_dir(os.path.dirname(os.path.abspath(FLAGS.export_dir)), "export_dir")
+  export_hparams(FLAGS.decode_hparams, FLAGS.format)
 
 
 def main() -> None:
   check_flags()
-  options = export_hparams(FLAGS.decode_hparams, FLAGS.format)
   from t2t_lite import export
-  from t2t_lite.restore import load_model
-  model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path, None, "", None,
-                                     FLAGS.data_dir)
-  # The vocabulary is read too: an export_dir holding it is refused like one holding the run.
-  export.check_export_dir(FLAGS.export_dir, [os.path.dirname(vocab.model_file)], True)
-  tf = common.import_tensorflow()
-  checkpoint = FLAGS.checkpoint_path or tf.train.latest_checkpoint(FLAGS.output_dir)
-  if FLAGS.format == "ctranslate2":
-    from t2t_lite.export import ctranslate2_model as exporter
-    exporter.check_expressible(hparams)
-  else:
-    from t2t_lite.export import saved_model as exporter
-    exporter.check_expressible(hparams)
-  info = {"format": FLAGS.format, "source": os.path.abspath(FLAGS.output_dir),
-          "checkpoint": os.path.abspath(checkpoint), "max_length": hparams.max_length,
-          "beam_size": options.beam_size, "alpha": options.alpha,
-          "extra_decode_length": options.extra_decode_length}
-  with export.atomic_directory(FLAGS.export_dir) as tmp:
-    if FLAGS.format == "ctranslate2":
-      info.update(exporter.export(model, hparams, vocab.model_file, tmp, FLAGS.quantization))
-    else:
-      info["return_beams"] = options.return_beams
-      exporter.export(model, hparams, vocab.model_file, tmp, options)
-    export.write_info(tmp, info)
+  export.export_run(FLAGS.output_dir, FLAGS.export_dir, FLAGS.format, FLAGS.checkpoint_path,
+                    FLAGS.data_dir, FLAGS.decode_hparams, FLAGS.quantization)
   logging.info("exported %s", FLAGS.export_dir)
   print(f"exported {FLAGS.format} -> {FLAGS.export_dir}", file=sys.stderr)
 

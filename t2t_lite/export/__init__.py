@@ -133,3 +133,49 @@ def read_info(export_dir: str, expected_format: str) -> dict:
     raise UsageError(f"--export_dir={export_dir} holds a {info.get('format')} export, not "
                      f"{expected_format}; export with --format={expected_format}")
   return info
+
+
+def export_hparams(spec: str, export_format: str):
+  """The decoding settings an export is built with; every key is used or refused."""
+  from t2t_lite.hparams import HParams
+  hparams = HParams(beam_size=4, alpha=0.6, return_beams=False, extra_decode_length=50)
+  hparams.parse(spec)
+  if hparams.beam_size < 1:
+    raise UsageError("--decode_hparams: beam_size must be at least 1")
+  if hparams.extra_decode_length < 0:
+    raise UsageError("--decode_hparams: extra_decode_length must be at least 0")
+  if hparams.return_beams and export_format != "saved_model":
+    raise UsageError("--decode_hparams: return_beams is a SavedModel setting; CTranslate2 "
+                     "returns n-best lists through its num_hypotheses option")
+  return hparams
+
+
+def export_run(output_dir: str, export_dir: str, export_format: str = "saved_model",
+               checkpoint_path: str | None = None, data_dir: str | None = None,
+               decode_hparams: str = "", quantization: str = "none") -> None:
+  """Exports a run's checkpoint (the newest unless given) into export_dir, replacing what is
+  there (t2t-lite-exporter refuses a non-empty export_dir without --overwrite first)."""
+  from t2t_lite.cli import common
+  from t2t_lite.restore import load_model
+  options = export_hparams(decode_hparams, export_format)
+  model, vocab, hparams = load_model(output_dir, checkpoint_path, None, "", None, data_dir)
+  # The vocabulary is read too: an export_dir holding it is refused like one holding the run.
+  check_export_dir(export_dir, [output_dir, os.path.dirname(vocab.model_file)], True)
+  tf = common.import_tensorflow()
+  checkpoint = checkpoint_path or tf.train.latest_checkpoint(output_dir)
+  if export_format == "ctranslate2":
+    from t2t_lite.export import ctranslate2_model as exporter
+  else:
+    from t2t_lite.export import saved_model as exporter
+  exporter.check_expressible(hparams)
+  info = {"format": export_format, "source": os.path.abspath(output_dir),
+          "checkpoint": os.path.abspath(checkpoint), "max_length": hparams.max_length,
+          "beam_size": options.beam_size, "alpha": options.alpha,
+          "extra_decode_length": options.extra_decode_length}
+  with atomic_directory(export_dir) as tmp:
+    if export_format == "ctranslate2":
+      info.update(exporter.export(model, hparams, vocab.model_file, tmp, quantization))
+    else:
+      info["return_beams"] = options.return_beams
+      exporter.export(model, hparams, vocab.model_file, tmp, options)
+    write_info(tmp, info)
