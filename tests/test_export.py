@@ -14,8 +14,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import BIN, cli, multi30k_dir, tiny_hparams
-from t2t_lite import decode, metrics, registry, rundir
-from t2t_lite import export
+from t2t_lite import decode, export, metrics, registry, rundir
 from t2t_lite.export import ctranslate2_decoder, ctranslate2_model
 from t2t_lite.problems.vocab import SubwordVocab
 

@@ -28,11 +28,8 @@ def check_flags() -> None:
   """Usage errors that need no TensorFlow: flags, formats, the export directory."""
   from t2t_lite.export import FORMATS, check_export_dir, export_hparams
   from t2t_lite.export.ctranslate2_model import QUANTIZATIONS
-  if not FLAGS.output_dir and not FLAGS.checkpoint_path:
+  if not FLAGS.output_dir:  # also with --checkpoint_path: its hparams.json names the model
     raise UsageError("--output_dir is required, e.g. --output_dir=runs/ende/avg")
-  if not FLAGS.output_dir:
-    raise UsageError("--output_dir is required (the run's hparams.json says what model the "
-                     "checkpoint holds), e.g. --output_dir=runs/ende/avg")
   common.require(FLAGS.export_dir, "export_dir", "exports/ende")
   if FLAGS.format not in FORMATS:
     raise UsageError(f"--format={FLAGS.format} is unknown; supported: {', '.join(FORMATS)}")
