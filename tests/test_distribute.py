@@ -102,10 +102,11 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   assert "ckpt-4.index" in worker_1 and "train" not in worker_1
 
 
-def test_workers_resume_as_a_slurm_job_step(two_worker_run, multi30k_data, tmp_path):
-  """The same two workers, resumed for one more update as two Slurm tasks on this node (no
-  TF_CONFIG): each continues from its own checkpoints."""
-  workers_dir = str(tmp_path / "workers")
+@pytest.fixture(scope="module")
+def slurm_resumed(two_worker_run, multi30k_data, tmp_path_factory):
+  """The two workers of two_worker_run resumed for one more update as two Slurm tasks on
+  this node (no TF_CONFIG): checkpoints ckpt-4 and ckpt-6 in each worker's directory."""
+  workers_dir = str(tmp_path_factory.mktemp("slurm") / "workers")
   shutil.copytree(two_worker_run["workers_dir"], workers_dir)
   port_base = _free_port_pair()
   processes = []
@@ -117,10 +118,96 @@ def test_workers_resume_as_a_slurm_job_step(two_worker_run, multi30k_data, tmp_p
     processes.append(_trainer(*_flags(multi30k_data), "--train_steps=3",
                               "--strategy=multi_worker", f"--output_dir={workers_dir}",
                               f"--slurm_port_base={port_base}", env=env))
-  for _, err in _finish(processes):
+  return {"workers_dir": workers_dir, "outputs": _finish(processes)}
+
+
+def test_workers_resume_as_a_slurm_job_step(slurm_resumed):
+  """Each worker continues from its own checkpoints."""
+  workers_dir = slurm_resumed["workers_dir"]
+  for _, err in slurm_resumed["outputs"]:
     assert "update 2, micro-step 4" in err and "update 3/3 (micro-step 6)" in err
   assert "ckpt-6.index" in os.listdir(workers_dir)
   assert "ckpt-6.index" in os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
+
+
+def _two_workers(data_dir, output_dir, train_steps):
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+  processes = []
+  for index in range(2):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+    processes.append(_trainer(*_flags(data_dir), f"--train_steps={train_steps}",
+                              "--strategy=multi_worker", f"--output_dir={output_dir}", env=env))
+  return [(p, *p.communicate(timeout=240)) for p in processes]
+
+
+def _remove_checkpoint(directory, name, state_too=False):
+  for file in os.listdir(directory):
+    if file.startswith(name + ".") or (state_too and file == "checkpoint"):
+      os.remove(os.path.join(directory, file))
+
+
+def test_workers_agree_on_the_newest_checkpoint_they_all_have(slurm_resumed, multi30k_data,
+                                                               tmp_path):
+  """Worker 1 lost its newest checkpoint (ckpt-6): both resume from micro-step 4 instead of
+  the chief from 6 and worker 1 from 4 (which would hang the job in its collectives)."""
+  workers_dir = str(tmp_path / "workers")
+  shutil.copytree(slurm_resumed["workers_dir"], workers_dir)
+  _remove_checkpoint(os.path.join(workers_dir, "workers", "worker-1"), "ckpt-6")
+  for process, _, err in _two_workers(multi30k_data, workers_dir, train_steps=4):
+    assert process.returncode == 0, err[-3000:]
+    assert ("workers' newest checkpoints disagreed (micro-steps by worker: [6, 4]); all "
+            "resume from micro-step 4") in err
+    assert "update 3/4 (micro-step 6)" in err and "update 4/4 (micro-step 8)" in err
+
+
+def test_workers_with_no_checkpoint_in_common_stop_with_one_error(slurm_resumed,
+                                                                  multi30k_data, tmp_path):
+  workers_dir = str(tmp_path / "workers")
+  shutil.copytree(slurm_resumed["workers_dir"], workers_dir)
+  for name in ("ckpt-4", "ckpt-6"):  # the chief's run directory lost all its checkpoints
+    _remove_checkpoint(workers_dir, name, state_too=True)
+  for process, _, err in _two_workers(multi30k_data, workers_dir, train_steps=4):
+    assert process.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("t2t-lite-trainer: error: the workers' checkpoints have no "
+                           "micro-step in common (newest by worker: [0, 6]")
+    assert "Traceback" not in err
+
+
+def test_a_stop_with_two_replicas_waits_for_the_update_and_resumes_exactly(
+    two_worker_run, multi30k_data, tmp_path):
+  """A SIGTERM after micro-step 1 of 2: two mirrored replicas finish the update and save
+  ckpt-2 (a checkpoint between updates holds no replica-local sums); the resumed run ends
+  where the unbroken one did."""
+  output_dir = str(tmp_path / "mirrored")
+  flags = [*_flags(multi30k_data), "--train_steps=2", "--strategy=mirrored", "--cpu_replicas=2",
+           f"--output_dir={output_dir}"]
+  first = _trainer(*flags, env=dict(os.environ, T2T_LITE_FAULT="signal:1"))
+  _, err = first.communicate(timeout=240)
+  assert first.returncode == 0, err[-3000:]
+  assert "2 replicas save only between updates" in err and "stopped: signal 15" in err
+  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == "ckpt-2"
+  _finish([_trainer(*flags)])
+  expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
+  worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
+  assert worst <= 1e-6, worst
+
+
+def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch):
+  from t2t_lite import distribute
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  monkeypatch.setattr(tf.config, "list_physical_devices",
+                      lambda kind=None: ["gpu"] * 8 if kind == "GPU" else [])
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  for tasks, per_node, replicas in (("2", "1(x2)", 16), ("8", "4(x2)", 16), ("16", "8(x2)", 16),
+                                    ("3", "2,1", 12)):
+    monkeypatch.setenv("SLURM_NTASKS", tasks)
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", per_node)
+    assert distribute.planned_replicas("multi_worker") == replicas, (tasks, per_node)
+  monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+  assert distribute.planned_replicas("multi_worker") == 3  # CPU nodes: one replica a task
 
 
 def _free_port_pair() -> int:

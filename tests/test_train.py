@@ -151,3 +151,31 @@ def test_a_stop_signal_is_seen_after_skipped_updates(multi30k_data, tmp_path, mo
       request_stop(signals.SIGTERM) if micro_step == 3 else None)
   result = trainer.train()
   assert result["stop_reason"] == f"signal {int(signals.SIGTERM)}" and len(calls) == 3
+
+
+def test_dev_loss_has_no_label_smoothing_and_perplexity_is_its_exponential(multi30k_data,
+                                                                           tmp_path):
+  import math
+  from t2t_lite import data
+  hparams = tiny_hparams()
+  assert hparams.label_smoothing == 0.1
+  options = RunOptions(output_dir=str(tmp_path / "run"), data_dir=multi30k_data,
+                       local_eval_frequency=1, eval_steps=3, eval_bleu_sentences=0)
+  trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
+                    plan(hparams, 1, 1), options)
+  results = trainer.evaluator.evaluate(0)
+  trainer.evaluator.flush()
+  model = trainer.learner.model
+  nll = smoothed = tokens = 0.0
+  for batch in data.eval_dataset(trainer.dev_files, trainer.hparams).take(3):
+    logits = model(batch["inputs"], batch["targets"])
+    weights = tf.cast(batch["targets"] > 0, tf.float32)
+    nll += float(tf.reduce_sum(weights * tf.nn.sparse_softmax_cross_entropy_with_logits(
+        batch["targets"], logits)))
+    smoothed += float(model.loss(batch["inputs"], batch["targets"])[0])
+    tokens += float(tf.reduce_sum(weights))
+  assert results["dev_loss"] == pytest.approx(nll / tokens, rel=1e-5)
+  assert abs(smoothed / tokens - nll / tokens) > 0.05  # the training loss differs
+  assert results["dev_perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+  evaluation = _scalars(os.path.join(str(tmp_path / "run"), "eval"))
+  assert "dev_perplexity" in evaluation

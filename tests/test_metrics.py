@@ -1,0 +1,40 @@
+"""BLEU's tokenizer follows the target language; Japanese without MeCab is a clear error."""
+
+import pytest
+
+from conftest import cli
+from t2t_lite import metrics
+from t2t_lite.errors import UsageError
+
+HYPS = ["我们今天去公园散步。", "他喜欢读书"]
+REFS = ["我们今天去公园散步了。", "他喜欢看书"]
+
+
+def test_chinese_targets_use_the_zh_tokenizer():
+  zh = metrics.bleu(HYPS, REFS, "zh")
+  assert "tok:zh" in zh.signature
+  plain = metrics.bleu(HYPS, REFS, "de")
+  assert "tok:13a" in plain.signature and metrics.bleu(HYPS, REFS).signature == plain.signature
+  # 13a leaves each Chinese sentence one token: nothing but exact sentences would match
+  assert zh.score > 30 and plain.score < 5, (zh.score, plain.score)
+  assert metrics.bleu_tokenizer("zh-Hans") == metrics.bleu_tokenizer("ZH_tw") == "zh"
+
+
+def test_japanese_without_mecab_is_a_usage_error():
+  try:
+    import MeCab  # noqa: F401
+    assert metrics.bleu_tokenizer("ja") == "ja-mecab"
+  except ImportError:
+    with pytest.raises(UsageError, match=r"needs sacreBLEU's ja-mecab tokenizer: pip install"):
+      metrics.bleu_tokenizer("ja")
+
+
+def test_bleu_cli_takes_the_target_language(tmp_path):
+  hyp, ref = tmp_path / "hyp.zh", tmp_path / "ref.zh"
+  hyp.write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+  ref.write_text("\n".join(REFS) + "\n", encoding="utf-8")
+  out = cli("t2t-lite-bleu", f"--translation={hyp}", f"--reference={ref}", "--target_lang=zh",
+            check=True).stdout
+  assert "tok:zh" in out.splitlines()[1]
+  assert float(out.split("=")[1].split()[0]) == pytest.approx(metrics.bleu(HYPS, REFS,
+                                                                           "zh").score, abs=0.01)
