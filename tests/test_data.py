@@ -424,6 +424,17 @@ def test_reservoir_sample_is_seeded_uniform_and_whole_when_small():
   assert sum(item >= 50_000 for item in sample) > 400  # the end of the stream is not ignored
 
 
+def test_vocabulary_sample_keeps_within_its_character_budget():
+  from t2t_lite.problems.vocab import within_characters
+  sentences = [f"sentence {i:06d}" for i in range(1000)]  # 15 characters each
+  assert within_characters(sentences, 15_000, seed=1) is sentences  # fits: whole, in order
+  subset = within_characters(sentences, 1500, seed=1)
+  assert len(subset) == 100 and len(set(subset)) == 100 and set(subset) <= set(sentences)
+  assert subset == within_characters(sentences, 1500, seed=1)
+  assert subset != within_characters(sentences, 1500, seed=2)
+  assert max(subset) > "sentence 000500"  # drawn from everywhere, not the first 100
+
+
 def test_a_longer_target_file_is_found_at_the_end_of_the_stream(tmp_path):
   raw = tmp_path / "raw"
   _corpus(raw)

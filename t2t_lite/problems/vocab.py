@@ -13,8 +13,15 @@ import sentencepiece as spm
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
-# At most this many sentences reach the trainer (tensor2tensor's and sentencepiece's usual 2M).
-SAMPLE_SENTENCES = 2_000_000
+# The vocabulary is trained on a seeded sample of at most SAMPLE_SENTENCES sentences and
+# SAMPLE_CHARACTERS characters: sentencepiece's unigram trainer takes about 20 bytes per
+# character it trains on (a suffix array over all of them), so 60M characters keep it near
+# 1.2 GB, for any corpus (about 460k WMT sentences, or 920k short Multi30k ones).
+SAMPLE_SENTENCES = 1_000_000
+SAMPLE_CHARACTERS = 60_000_000
+# Sentencepiece's own cap, above any sample, so that it never samples again (its sampling
+# ignores the seed: two runs gave two models); part of the trainer spec in every model.
+_SPM_INPUT_SENTENCE_SIZE = 2_000_000
 
 
 class VocabSizeTooHigh(ValueError):
@@ -43,22 +50,37 @@ def reservoir_sample(items: Iterable[str], size: int, seed: int) -> list[str]:
   return sample
 
 
+def within_characters(sentences: list[str], budget: int, seed: int) -> list[str]:
+  """`sentences` if they hold at most `budget` characters, else a seeded random subset that
+  does (a random subset of a uniform sample is a uniform sample)."""
+  if sum(map(len, sentences)) <= budget:
+    return sentences
+  shuffled = list(sentences)
+  random.Random(seed).shuffle(shuffled)
+  kept, total = 0, 0
+  while kept < len(shuffled) and total + len(shuffled[kept]) <= budget:
+    total += len(shuffled[kept])
+    kept += 1
+  return shuffled[:kept]
+
+
 def train_sentencepiece(sentences: Sequence[str], vocab_size: int, seed: int = 1) -> bytes:
   """Trains a unigram sentencepiece model on `sentences`; returns the model file's bytes.
 
   At most SAMPLE_SENTENCES sentences: draw them from a larger stream with
-  `reservoir_sample`. Sentencepiece's own sampling of a larger input ignores the seed (two
-  runs gave two models); the same sample always gives the same model.
+  `reservoir_sample`; beyond SAMPLE_CHARACTERS characters, a seeded random subset is used.
+  The same sentences and seed always give the same model.
   """
   if len(sentences) > SAMPLE_SENTENCES:
     raise ValueError(f"{len(sentences)} sentences: sample at most {SAMPLE_SENTENCES} first")
+  sentences = within_characters(list(sentences), SAMPLE_CHARACTERS, seed)
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-        unk_id=UNK_ID, bos_id=-1, input_sentence_size=SAMPLE_SENTENCES,
+        unk_id=UNK_ID, bos_id=-1, input_sentence_size=_SPM_INPUT_SENTENCE_SIZE,
         shuffle_input_sentence=True, max_sentence_length=4096, num_threads=2, minloglevel=2)
   except RuntimeError as err:
     found = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
