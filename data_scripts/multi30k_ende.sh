@@ -26,7 +26,7 @@ t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=6 --avg_
 echo "== 5/5 decode test_2016_flickr with beam 4, alpha 0.6, and score it"
 gunzip -c "$raw_dir/test_2016_flickr.en.gz" > "$run_dir/test_2016_flickr.en"
 gunzip -c "$raw_dir/test_2016_flickr.de.gz" > "$run_dir/test_2016_flickr.de"
-t2t-lite-decoder --output_dir="${run_dir}_avg" --decode_hparams="beam_size=4,alpha=0.6,batch_size=64" \
+t2t-lite-decoder --output_dir="${run_dir}_avg" --decode_hparams="beam_size=4,alpha=0.6" \
   --decode_from_file="$run_dir/test_2016_flickr.en" --decode_to_file="$run_dir/test_2016_flickr.de.out"
 t2t-lite-bleu --translation="$run_dir/test_2016_flickr.de.out" \
   --reference="$run_dir/test_2016_flickr.de" | tee "$run_dir/bleu.txt"

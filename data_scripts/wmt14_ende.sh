@@ -30,7 +30,7 @@ with open(f"{sys.argv[2]}/newstest2014.en", "w") as en, open(f"{sys.argv[2]}/new
         en.write(ex["en"].decode().replace("\n", " ") + "\n")
         de.write(ex["de"].decode().replace("\n", " ") + "\n")
 PY
-t2t-lite-decoder --output_dir="${run_dir}_avg" --decode_hparams="beam_size=4,alpha=0.6,batch_size=64" \
+t2t-lite-decoder --output_dir="${run_dir}_avg" --decode_hparams="beam_size=4,alpha=0.6" \
   --decode_from_file="$work/newstest2014.en" --decode_to_file="$work/newstest2014.de.out"
 t2t-lite-bleu --translation="$work/newstest2014.de.out" --reference="$work/newstest2014.de" \
   | tee "$work/bleu.txt"

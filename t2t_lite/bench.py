@@ -1,6 +1,6 @@
 """`make bench`: memory, speed and exactness figures, each configuration in its own process.
 
-python -m t2t_lite.bench --out_dir=bench_out [--quick] [--run_dir=runs/multi30k_ende/avg]
+python -m t2t_lite.bench --out_dir=bench_out [--quick] [--run_dir=runs/multi30k_ende_avg]
 python -m t2t_lite.bench --decode_only   # only the decode comparison (about 5 minutes)
 
 The decode comparison (t2t-lite's decoder at --decode_before and now, the SavedModel, and
@@ -461,7 +461,7 @@ def main(argv=None) -> None:
   parser.add_argument("--checkpoint", default=None, help="a trained model for decoding")
   parser.add_argument("--table_only", action="store_true",
                       help="rewrite bench.md from an existing bench.json")
-  parser.add_argument("--run_dir", default="runs/multi30k_ende/avg",
+  parser.add_argument("--run_dir", default="runs/multi30k_ende_avg",
                       help="the trained run (or averaged run) of the decode comparison")
   parser.add_argument("--decode_before", default="dbe53b6",
                       help="the commit whose decoder is the comparison's 'before'")
@@ -485,9 +485,9 @@ def main(argv=None) -> None:
   raw_dir = args.raw_dir or os.path.join(args.data_dir, "raw")
   have_data = os.path.isfile(os.path.join(args.data_dir, "translate_ende_multi30k.manifest.json"))
   checkpoint = args.checkpoint
-  if checkpoint is None and os.path.isdir("runs/multi30k_ende/avg"):
+  if checkpoint is None and os.path.isdir("runs/multi30k_ende_avg"):
     import glob
-    found = sorted(glob.glob("runs/multi30k_ende/avg/ckpt-*.index"))
+    found = sorted(glob.glob("runs/multi30k_ende_avg/ckpt-*.index"))
     checkpoint = found[-1][:-len(".index")] if found else None
   results = {}
   bench_json = os.path.join(args.out_dir, "bench.json")

@@ -1,6 +1,6 @@
 """Speed of t2t-lite's own decoder, each measurement in a fresh process.
 
-    python t2t_lite/decode_speed.py '{"output_dir": "runs/multi30k_ende/avg",
+    python t2t_lite/decode_speed.py '{"output_dir": "runs/multi30k_ende_avg",
         "source": "test.en.gz", "reference": "test.de.gz", "beam_size": 4}'
 
 `measure_process(spec, package_root)` runs `measure(spec)` in a new Python whose `t2t_lite`

@@ -29,7 +29,7 @@ def check_flags() -> None:
   from t2t_lite.export import FORMATS, check_export_dir, export_hparams
   from t2t_lite.export.ctranslate2_model import QUANTIZATIONS
   if not FLAGS.output_dir:  # also with --checkpoint_path: its hparams.json names the model
-    raise UsageError("--output_dir is required, e.g. --output_dir=runs/ende/avg")
+    raise UsageError("--output_dir is required, e.g. --output_dir=runs/ende_avg")
   common.require(FLAGS.export_dir, "export_dir", "exports/ende")
   if FLAGS.format not in FORMATS:
     raise UsageError(f"--format={FLAGS.format} is unknown; supported: {', '.join(FORMATS)}")
