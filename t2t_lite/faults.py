@@ -4,7 +4,9 @@
   micro:K   SIGKILL right after micro-step K (mid-accumulation when K is not a multiple of n);
   save:K    SIGKILL inside this process's K-th checkpoint save, after the files are written
             and before the checkpoint state names them (the worst moment of a save);
-  signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point).
+  signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point);
+  export:written  SIGKILL once an export is complete in its temporary directory, just
+            before it is renamed into place.
 Production code always calls `after_micro_step` and `save`; without the variable they are
 the plain versions, so no code path branches on faults.
 """
@@ -26,6 +28,9 @@ class NoFaults:
   def save(self, manager, checkpoint, number: int) -> str:
     return manager.save(checkpoint_number=number)
 
+  def export_written(self) -> None:
+    """Called when an export is complete, before it is renamed into place."""
+
 
 class InjectedFault(NoFaults):
   def __init__(self, kind: str, at: int):
@@ -45,12 +50,18 @@ class InjectedFault(NoFaults):
       os.kill(os.getpid(), signal.SIGKILL)
     return super().save(manager, checkpoint, number)
 
+  def export_written(self) -> None:
+    if self.kind == "export":
+      os.kill(os.getpid(), signal.SIGKILL)
+
 
 def from_environment() -> NoFaults:
   spec = os.environ.get(ENV, "")
   if not spec:
     return NoFaults()
+  if spec == "export:written":
+    return InjectedFault("export", 0)
   kind, _, at = spec.partition(":")
   if kind not in ("micro", "save", "signal") or not at.isdigit():
-    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K or signal:K")
+    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K or export:written")
   return InjectedFault(kind, int(at))

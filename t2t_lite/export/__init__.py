@@ -13,18 +13,15 @@ import errno
 import json
 import os
 import shutil
-import signal
 import tempfile
 
+from t2t_lite import faults
 from t2t_lite.errors import UsageError
 
 FORMATS = ("saved_model", "ctranslate2")
 INFO_FILE = "t2t_lite_export.json"
 VOCAB_FILE = "sentencepiece.model"
 
-# Fault injection for the tests: "export:written" kills the process (SIGKILL) once the new
-# export is complete in its temporary directory, just before it is renamed into place.
-_FAULT = os.environ.get("T2T_LITE_FAULT", "")
 
 
 def _real(path: str) -> str:
@@ -101,8 +98,7 @@ def atomic_directory(export_dir: str):
   os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the export private
   try:
     yield tmp
-    if _FAULT == "export:written":
-      os.kill(os.getpid(), signal.SIGKILL)
+    faults.from_environment().export_written()  # the tests' kill point; a no-op otherwise
     if not os.path.exists(export_dir):
       os.rename(tmp, export_dir)
     elif not _swap(tmp, export_dir):
