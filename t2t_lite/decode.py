@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from t2t_lite.batching import decode_batches
 from t2t_lite.problems.vocab import EOS_ID
 
 INF = 1e7
@@ -307,22 +308,8 @@ class Decoder:
     return self._compiled[key]
 
   def batches(self, sources, batch_size: int = 32, batch_tokens: int = 0):
-    """Index lists of `sources` in length order, each a batch of at most batch_size sentences
-    and batch_tokens source tokens counting padding (rows x longest row); 0: no limit. A
-    sentence longer than batch_tokens is a batch of its own."""
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    batches, current = [], []
-    for i in order:
-      length = self._length(sources[i])
-      full = batch_size and len(current) >= batch_size
-      if current and (full or (batch_tokens and (len(current) + 1) * length > batch_tokens)):
-        batches.append(current)
-        current = []
-      current.append(i)
-    return batches + ([current] if current else [])
-
-  def _length(self, source) -> int:
-    return min(len(source), self.max_length) if self.max_length else len(source)
+    """batching.decode_batches with this decoder's max_length."""
+    return decode_batches(sources, self.max_length, batch_size, batch_tokens)
 
   def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
                       batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0

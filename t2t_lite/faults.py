@@ -5,10 +5,13 @@
   save:K    SIGKILL inside this process's K-th checkpoint save, after the files are written
             and before the checkpoint state names them (the worst moment of a save);
   signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point);
+  nan:K,L,...  poison the loss of micro-steps K, L, ... (1-based) with NaN, so the
+            non-finite guard and the loss scale can be tested on real runs;
   export:written  SIGKILL once an export is complete in its temporary directory, just
             before it is renamed into place.
-Production code always calls `after_micro_step` and `save`; without the variable they are
-the plain versions, so no code path branches on faults.
+Production code always calls `loss`, `after_micro_step`, `save` and `export_written`;
+without the variable they are the plain versions, so no code path branches on faults (`loss`
+is applied when the step is traced: without a nan fault the traced graph is unchanged).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ ENV = "T2T_LITE_FAULT"
 class NoFaults:
   """The production behaviour."""
 
+  def loss(self, loss, micro_step):
+    """The loss of the micro-step numbered `micro_step` (1-based; a tensor), as traced."""
+    return loss
+
   def after_micro_step(self, micro_step: int, request_stop) -> None:
     """Called after every micro-step; `request_stop(signum)` asks the loop to stop."""
 
@@ -33,9 +40,18 @@ class NoFaults:
 
 
 class InjectedFault(NoFaults):
-  def __init__(self, kind: str, at: int):
+  def __init__(self, kind: str, at):
+    """`at`: a micro-step or save number; for kind "nan", the poisoned micro-steps."""
     self.kind, self.at = kind, at
     self._saves = 0
+
+  def loss(self, loss, micro_step):
+    if self.kind != "nan":
+      return loss
+    import tensorflow as tf
+    poisoned = tf.reduce_any(tf.equal(tf.cast(micro_step, tf.int64),
+                                      tf.constant(self.at, tf.int64)))
+    return loss * tf.where(poisoned, float("nan"), 1.0)
 
   def after_micro_step(self, micro_step: int, request_stop) -> None:
     if micro_step == self.at and self.kind == "micro":
@@ -62,6 +78,9 @@ def from_environment() -> NoFaults:
   if spec == "export:written":
     return InjectedFault("export", 0)
   kind, _, at = spec.partition(":")
+  if kind == "nan" and at and all(step.isdigit() for step in at.split(",")):
+    return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
   if kind not in ("micro", "save", "signal") or not at.isdigit():
-    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K or export:written")
+    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nan:K,L,... or "
+                     "export:written")
   return InjectedFault(kind, int(at))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from t2t_lite import faults as faults_lib
 from t2t_lite import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
 from t2t_lite.optimize import Adam, GradientAccumulator, learning_rate
@@ -33,7 +34,8 @@ class Learner:
   """Holds the trainable state and runs micro-steps and updates."""
 
   def __init__(self, hparams, vocab_size: int, accumulate_steps: int, seed: int = 1,
-               strategy: tf.distribute.Strategy | None = None, nan_micro_steps=()):
+               strategy: tf.distribute.Strategy | None = None,
+               faults: faults_lib.NoFaults | None = None):
     hparams_check.check(hparams)
     self.hparams = hparams
     self.accumulate_steps = accumulate_steps
@@ -43,7 +45,7 @@ class Learner:
     self.dropout_on = any(rate > 0 for rate in (hparams.layer_prepostprocess_dropout,
                                                  hparams.attention_dropout,
                                                  hparams.relu_dropout))
-    self.nan_micro_steps = tuple(int(s) for s in nan_micro_steps)
+    self.faults = faults or faults_lib.NoFaults()
     self._micro = None
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
@@ -63,13 +65,15 @@ class Learner:
                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self.good_updates = tf.Variable(0, name="good_updates", **counter)
     # Per-replica inputs are DistributedValues, which a TensorSpec signature cannot take.
+    # No autograph: the steps branch on tensors only through explicit tf.cond, and
+    # converting every layer's Python source took most of a small model's first trace.
     signature = None if self.replicas > 1 else [BATCH_SPEC]
     compile_fn = lambda fn: tf.function(fn, input_signature=signature,  # noqa: E731
-                                        reduce_retracing=True)
+                                        reduce_retracing=True, autograph=False)
     self.micro_step_fn = compile_fn(self._distributed_micro_step)
     self.fused_step_fn = compile_fn(self._distributed_fused_step)
-    self.update_fn = tf.function(self._update)
-    self.eval_fn = tf.function(self._eval_loss, input_signature=[BATCH_SPEC])
+    self.update_fn = tf.function(self._update, autograph=False)
+    self.eval_fn = tf.function(self._eval_loss, input_signature=[BATCH_SPEC], autograph=False)
 
   # --- state -------------------------------------------------------------------------
   @property
@@ -102,10 +106,7 @@ class Learner:
                        self.micro_step * self.replicas + tf.cast(replica, tf.int64)])
     with tf.GradientTape() as tape:
       loss, tokens = self.model.loss(batch["inputs"], batch["targets"], seed)
-      scaled = loss
-      if self.nan_micro_steps:  # fault injection for tests: poison chosen micro-steps
-        poisoned = tf.reduce_any(tf.equal(self.micro_step + 1, self.nan_micro_steps))
-        scaled = scaled * tf.where(poisoned, float("nan"), 1.0)
+      scaled = self.faults.loss(loss, self.micro_step + 1)  # the loss itself, but in tests
       if self.loss_scale is not None:
         # Scale the per-token mean, not the sum: a summed loss times 2^15 would overflow
         # float16. The factor is undone exactly below, in float32.

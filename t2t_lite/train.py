@@ -45,8 +45,6 @@ class RunOptions:
   train_minutes: float = 0.0            # wall-clock budget; 0 = none
   eval_bleu_sentences: int = 500        # dev sentences decoded for BLEU; 0 = no BLEU
   eval_beam_size: int = 1
-  nan_micro_steps: tuple = ()           # fault injection (tests)
-  stop_after_micro_steps: int = 0       # stop (and save) after this micro-step (tests)
 
 
 def format_duration(seconds: float) -> str:
@@ -100,12 +98,12 @@ class Trainer:
     self.strategy = strategy or tf.distribute.get_strategy()
     self.is_chief = is_chief
     self.vocab = problem.get_vocab(options.data_dir)
+    self.faults = faults_lib.from_environment()
     self.learner = Learner(hparams, self.vocab.size, plan.accumulate_steps, options.seed,
-                           self.strategy, options.nan_micro_steps)
+                           self.strategy, self.faults)
     self._train_files = problem.data_files(options.data_dir, "train")
     self.dev_files = problem.data_files(options.data_dir, "dev")
     self.iterators = self._make_iterators(self._train_files)
-    self.faults = faults_lib.from_environment()
     # Every worker takes part in a save (reading the accumulators is a collective). The
     # chief writes output_dir; the others keep their own (their data iterators differ) in
     # output_dir/workers/<task>, and each resumes from its own directory.
@@ -192,9 +190,6 @@ class Trainer:
       return None
     if self._stop_signal is not None and not self._multi_worker:
       return f"signal {self._stop_signal}"
-    stop_after = self.options.stop_after_micro_steps
-    if stop_after and micro_step >= stop_after:
-      return "stop_after_micro_steps"
     return None
 
   def _agreed_stop(self, out_of_time: bool) -> bool:

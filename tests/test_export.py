@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,11 +109,21 @@ def exported(tiny_run, source, tmp_path_factory):
 
 
 CLIENT = r"""
-import json, sys
+import json, os, sys
 import tensorflow as tf
-import tensorflow_text  # registers the SentencePiece ops
-lines = json.loads(sys.argv[3])
+lines, ids_in = json.loads(sys.argv[3]), tf.constant(json.loads(sys.argv[4]))
 result = {}
+# First, before tensorflow-text is imported: the ids-only SavedModels, as a server without
+# its ops loads them.
+for name in ("sm_greedy", "sm_beam"):
+  model = tf.saved_model.load(os.path.join(sys.argv[1 if name == "sm_greedy" else 2], "ids_only"))
+  out = model.signatures["translate_ids"](ids=ids_in)
+  default = model.signatures["serving_default"](ids=ids_in)
+  result[name + "_ids_only"] = {"ids": out["ids"].numpy().tolist(),
+                                "scores": out["scores"].numpy().tolist(),
+                                "default_ids": default["ids"].numpy().tolist()}
+result["ids_only_loaded_without_tensorflow_text"] = "tensorflow_text" not in sys.modules
+import tensorflow_text  # registers the SentencePiece ops
 for name in ("sm_greedy", "sm_beam"):
   model = tf.saved_model.load(sys.argv[1 if name == "sm_greedy" else 2])
   out = model.signatures["serving_default"](inputs=tf.constant(lines))
@@ -120,7 +131,7 @@ for name in ("sm_greedy", "sm_beam"):
   result[name] = {"translations": [[t.decode("utf-8") for t in row] if isinstance(row, list)
                                    else row.decode("utf-8") for row in translations],
                   "scores": out["scores"].numpy().tolist()}
-  ids = model.signatures["translate_ids"](ids=tf.constant(json.loads(sys.argv[4])))
+  ids = model.signatures["translate_ids"](ids=ids_in)
   result[name]["ids"] = ids["ids"].numpy().tolist()
   result[name]["ids_scores"] = ids["scores"].numpy().tolist()
 result["imported_t2t_lite"] = any(m.startswith("t2t_lite") for m in sys.modules)
@@ -141,7 +152,7 @@ def served(exported, source, tiny_run):
        json.dumps(source["lines"]), json.dumps(ids)], capture_output=True, text=True,
       timeout=300, cwd=os.path.dirname(exported["dirs"]["sm_greedy"]))
   assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.splitlines()[-1])
+  return dict(json.loads(result.stdout.splitlines()[-1]), ids_in=ids)
 
 
 def test_saved_model_translates_as_the_decoder_greedy_and_beam(exported, served):
@@ -182,6 +193,34 @@ def test_saved_model_translate_ids_matches_strings(served, source, tiny_run):
       if line.strip():  # (empty lines: the strings signature answers "" without decoding)
         assert vocab.decode(best_ids[index]) == strings[index]
         assert best_scores[index] == pytest.approx(string_scores[index], rel=1e-5)
+
+
+def test_ids_only_saved_model_loads_without_tensorflow_text(served):
+  """ids_only/ answers as the full export's translate_ids, in a process that had not imported
+  tensorflow_text (which a SentencePiece op anywhere in the graph would need)."""
+  assert served["ids_only_loaded_without_tensorflow_text"]
+  for name in ("sm_greedy", "sm_beam"):
+    ids_only, full = served[name + "_ids_only"], served[name]
+    assert ids_only["ids"] == full["ids"] == ids_only["default_ids"]
+    np.testing.assert_allclose(ids_only["scores"], full["ids_scores"], rtol=1e-6)
+
+
+def test_saved_model_cli_shows_and_runs_the_exports(exported, served, tmp_path):
+  """`saved_model_cli show` lists both signatures; plain `saved_model_cli run` translates ids
+  with the ids-only SavedModel (the full one needs tensorflow-text's ops registered)."""
+  full = exported["dirs"]["sm_greedy"]
+  np.save(tmp_path / "ids.npy", np.array(served["ids_in"], np.int32))
+  (_, show, _), (_, run, _) = _finish([
+      _start("saved_model_cli", "show", f"--dir={full}", "--all"),
+      _start("saved_model_cli", "run", f"--dir={os.path.join(full, 'ids_only')}",
+             "--tag_set=serve", "--signature_def=translate_ids",
+             f"--inputs=ids={tmp_path / 'ids.npy'}", f"--outdir={tmp_path / 'out'}")])
+  signatures = re.findall(r"signature_def\['(\w+)'\]", show)
+  assert sorted(signatures) == ["__saved_model_init_op", "serving_default", "translate_ids"]
+  assert "dtype: DT_STRING" in show and "serving_default_inputs:0" in show
+  assert np.load(tmp_path / "out" / "ids.npy").tolist() == served["sm_greedy_ids_only"]["ids"]
+  np.testing.assert_allclose(np.load(tmp_path / "out" / "scores.npy"),
+                             served["sm_greedy_ids_only"]["scores"], rtol=1e-6)
 
 
 def test_ctranslate2_greedy_ids_and_bleu_match_ours(exported, served, source, tiny_run):
@@ -238,14 +277,6 @@ def test_ctranslate2_scores_every_token_as_ours(norm, tiny_run, tmp_path):
   for result, source_ids, target_ids in zip(results, sources, targets):
     np.testing.assert_allclose(result.log_probs, _teacher_forced(model, source_ids, target_ids),
                                atol=1e-4, rtol=0)
-
-
-def test_ctranslate2_batches_are_the_decoders():
-  rng = np.random.RandomState(0)
-  sources = [[5] * n + [1] for n in rng.randint(1, 90, size=200)]
-  for batch_size, batch_tokens in ((32, 0), (64, 0), (0, 500), (16, 300), (64, 2)):
-    assert (ctranslate2_decoder.batches(sources, 64, batch_size, batch_tokens) ==
-            decode.Decoder(None, 64).batches(sources, batch_size, batch_tokens))
 
 
 def test_t2t_score_recovers_the_log_probability():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from t2t_lite import faults
 from t2t_lite import learner as learner_lib
 from t2t_lite.models import transformer
 from t2t_lite.equivalence import ragged_batches
@@ -48,7 +49,7 @@ def test_low_precision_compute_keeps_float32_state(monkeypatch, dtype):
 def test_float16_overflow_halves_the_loss_scale_and_skips(monkeypatch):
   _force(monkeypatch, tf.float16)
   mixed = learner_lib.Learner(no_dropout(mixed_precision=True), VOCAB, accumulate_steps=1,
-                              seed=3, nan_micro_steps=(2,))
+                              seed=3, faults=faults.InjectedFault("nan", (2,)))
   batches = ragged_batches(3, seed=2)
   scale = float(mixed.loss_scale.numpy())
   assert bool(mixed.step(batches[0])["finite"])
@@ -71,7 +72,7 @@ def test_overflow_at_the_minimum_loss_scale_is_not_absorbed(monkeypatch):
   left to halve, so it is reported as non-finite and counts toward max_consecutive_nonfinite."""
   _force(monkeypatch, tf.float16)
   mixed = learner_lib.Learner(no_dropout(mixed_precision=True), VOCAB, accumulate_steps=1,
-                              seed=3, nan_micro_steps=(1, 2))
+                              seed=3, faults=faults.InjectedFault("nan", (1, 2)))
   batches = ragged_batches(2, seed=2)
   mixed.loss_scale.assign(2.0)
   above = mixed.step(batches[0])

@@ -77,8 +77,8 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, t
 def test_nonfinite_update_is_skipped_and_counted(multi30k_data, tmp_path):
   result = cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=3",
                "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2",
-               "--debug_nan_micro_steps=3", f"--data_dir={multi30k_data}",
-               f"--output_dir={tmp_path / 'run'}", check=True)
+               f"--data_dir={multi30k_data}", f"--output_dir={tmp_path / 'run'}",
+               env={"T2T_LITE_FAULT": "nan:3"}, check=True)
   assert ("non-finite loss or gradient at update 2 (micro-step 4): update skipped, "
           "accumulators reset (1 in a row, 1 skipped in all)") in result.stderr
   assert "trained 3 updates (8 micro-steps)" in result.stdout
@@ -95,8 +95,8 @@ def test_too_many_nonfinite_updates_stop_the_run(multi30k_data, tmp_path):
   result = cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=10",
                "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2,"
                "max_consecutive_nonfinite=3",
-               "--debug_nan_micro_steps=3,4,5,6,7,8,9,10", f"--data_dir={multi30k_data}",
-               f"--output_dir={output_dir}")
+               f"--data_dir={multi30k_data}", f"--output_dir={output_dir}",
+               env={"T2T_LITE_FAULT": "nan:3,4,5,6,7,8,9,10"})
   assert result.returncode == 1
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("t2t-lite-trainer: error: 3 updates in a row had a non-finite loss")

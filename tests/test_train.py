@@ -25,16 +25,18 @@ def values(trainer):
   return [v.numpy() for v in trainer.learner.model.variables]
 
 
-def test_resume_mid_accumulation_is_exact(multi30k_data, tmp_path):
+def test_resume_mid_accumulation_is_exact(multi30k_data, tmp_path, monkeypatch):
   # Dropout stays on (0.1): its masks come from (seed, micro-step), so resume redraws them.
   straight = make_trainer(tmp_path / "straight", multi30k_data, train_steps=3)
   result = straight.train()
   assert (result["updates"], result["micro_steps"]) == (3, 12)
 
-  first = make_trainer(tmp_path / "stopped", multi30k_data, train_steps=3,
-                       stop_after_micro_steps=6)
+  monkeypatch.setenv("T2T_LITE_FAULT", "signal:6")  # as if SIGTERM came after micro-step 6
+  first = make_trainer(tmp_path / "stopped", multi30k_data, train_steps=3)
+  monkeypatch.delenv("T2T_LITE_FAULT")
   stopped = first.train()
   assert (stopped["updates"], stopped["micro_steps"]) == (1, 6)
+  assert stopped["stop_reason"] == "signal 15"
   assert stopped["checkpoint"].endswith("ckpt-6")
   assert float(first.learner.accumulator.tokens.numpy()) > 0  # saved mid-accumulation
 

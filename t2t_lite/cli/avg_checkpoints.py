@@ -17,7 +17,7 @@ from absl import flags, logging
 
 from t2t_lite.cli import common
 from t2t_lite.errors import RunError, UsageError
-from t2t_lite.files import write_atomic
+from t2t_lite import files
 
 flags.DEFINE_string("output_dir", None, "The training run directory (read only).")
 common.define_count("num_last_checkpoints", 5, "How many of the newest checkpoints to "
@@ -36,9 +36,8 @@ def check_dirs(output_dir: str, avg_dir: str) -> None:
   run, out = os.path.realpath(output_dir), os.path.realpath(avg_dir)
   if not os.path.isdir(run):
     raise UsageError(f"--output_dir={output_dir} is not a directory")
-  if out == run or out.startswith(run + os.sep) or run.startswith(out + os.sep):
-    where = ("is" if out == run else "is inside" if out.startswith(run + os.sep)
-             else "contains")
+  where = files.overlap(avg_dir, output_dir)
+  if where:
     raise UsageError(f"--avg_dir={avg_dir} {where} --output_dir={output_dir}; averaging "
                      f"never writes into the run it reads: use e.g. --avg_dir={run}_avg")
   if os.path.exists(out):
@@ -87,28 +86,14 @@ def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str
   hparams, meta = rundir.model_from_run(output_dir)
   model = registry.model(hparams.model)(hparams, meta["vocab_size"])
   paths = _mean_of_newest(tf, model, output_dir, num_last)
-  final = os.path.realpath(avg_dir)
-  os.makedirs(os.path.dirname(final), exist_ok=True)
-  tmp, old = f"{final}.tmp-{os.getpid()}", f"{final}.old-{os.getpid()}"
-  try:
+  # An earlier average is swapped out (or moved aside) only once the new one is complete.
+  with files.atomic_directory(os.path.realpath(avg_dir)) as tmp:
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), tmp, max_to_keep=1)
     saved = manager.save(checkpoint_number=int(paths[-1].rsplit("-", 1)[1]))
     shutil.copyfile(os.path.join(output_dir, rundir.META_FILE),
                     os.path.join(tmp, rundir.META_FILE))
-    write_atomic(os.path.join(tmp, MARKER), json.dumps(
+    files.write_atomic(os.path.join(tmp, MARKER), json.dumps(
         {"checkpoints": [os.path.abspath(p) for p in paths]}, indent=2))
-    replacing = os.path.exists(final)
-    if replacing:  # an earlier average: moved aside, removed once the new one is in place
-      os.rename(final, old)
-    try:
-      os.rename(tmp, final)
-    except OSError:
-      if replacing:
-        os.rename(old, final)
-      raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
   return os.path.join(avg_dir, os.path.basename(saved)), paths
 
 

@@ -46,8 +46,6 @@ flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit with
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
                   "hparams set or changed values.")
 flags.DEFINE_bool("deterministic", False, "Deterministic TensorFlow ops (slower).")
-flags.DEFINE_list("debug_nan_micro_steps", [], "Testing aid: poison the loss of these "
-                  "micro-steps (1-based) with NaN.")
 FLAGS = flags.FLAGS
 
 
@@ -58,10 +56,6 @@ def _format_bytes(count: int) -> str:
 def main() -> None:
   from t2t_lite import registry, rundir, steps
 
-  try:
-    nan_micro_steps = tuple(int(s) for s in FLAGS.debug_nan_micro_steps)
-  except ValueError:
-    raise UsageError("--debug_nan_micro_steps takes micro-step numbers, e.g. 3,4") from None
   if FLAGS.registry_help:
     print(registry.help_string())
     return
@@ -128,8 +122,7 @@ def main() -> None:
       save_checkpoints_steps=FLAGS.save_checkpoints_steps,
       local_eval_frequency=FLAGS.local_eval_frequency, eval_steps=FLAGS.eval_steps,
       log_every=FLAGS.log_every, train_minutes=FLAGS.train_minutes,
-      eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size,
-      nan_micro_steps=nan_micro_steps)
+      eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
   result = trainer.train()
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "

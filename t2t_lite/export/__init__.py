@@ -8,14 +8,10 @@ Each export holds `t2t_lite_export.json`: what it was made from and its decoding
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import json
 import os
-import shutil
-import tempfile
 
-from t2t_lite import faults
+from t2t_lite import faults, files
 from t2t_lite.errors import UsageError
 
 FORMATS = ("saved_model", "ctranslate2")
@@ -23,21 +19,10 @@ INFO_FILE = "t2t_lite_export.json"
 VOCAB_FILE = "sentencepiece.model"
 
 
-
-def _real(path: str) -> str:
-  return os.path.realpath(os.path.abspath(path))
-
-
-def _overlaps(a: str, b: str) -> bool:
-  """True when a and b are the same path or one lies inside the other."""
-  a, b = _real(a), _real(b)
-  return a == b or a.startswith(b.rstrip(os.sep) + os.sep) or b.startswith(a.rstrip(os.sep) + os.sep)
-
-
 def check_export_dir(export_dir: str, inputs: list[str], overwrite: bool) -> None:
   """Usage errors for an export_dir that overlaps an input or holds an export already."""
   for path in inputs:
-    if path and _overlaps(export_dir, path):
+    if path and files.overlap(export_dir, path):
       raise UsageError(f"--export_dir={export_dir} overlaps {path}, which the export reads; "
                        "choose a directory outside the run")
   if os.path.exists(export_dir):
@@ -48,67 +33,12 @@ def check_export_dir(export_dir: str, inputs: list[str], overwrite: bool) -> Non
                        "it, or choose another directory")
 
 
-def _swap(new: str, old: str) -> bool:
-  """Atomically exchanges two directories (Linux renameat2); False where unsupported."""
-  try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    rename_exchange, at_fdcwd = 2, -100
-    if libc.renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(old),
-                      rename_exchange) == 0:
-      return True
-    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP):
-      return False
-    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), old)
-  except AttributeError:  # no renameat2 in this C library
-    return False
-
-
-def _remove_stale_temporaries(parent: str, prefix: str) -> None:
-  """Temporary directories of killed exports to the same place (their process is gone)."""
-  for name in os.listdir(parent):
-    if not name.startswith(prefix) or name.endswith(".old"):
-      continue  # a moved-aside previous export is never removed unasked
-    pid = name[len(prefix):].split(".", 1)[0]
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      os.kill(int(pid), 0)
-    except ProcessLookupError:
-      shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    except PermissionError:
-      pass
-
-
 @contextlib.contextmanager
 def atomic_directory(export_dir: str):
-  """Yields an empty temporary directory beside `export_dir`; renames it into place on success.
-
-  An existing `export_dir` (the caller checked --overwrite) is swapped out atomically where
-  the system allows it; otherwise it is moved aside and removed only after the new one is in
-  place.
-  """
-  export_dir = os.path.abspath(export_dir)
-  parent, name = os.path.split(export_dir)
-  os.makedirs(parent, exist_ok=True)
-  prefix = f".{name}.tmp-"
-  _remove_stale_temporaries(parent, prefix)
-  tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=parent)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the export private
-  try:
+  """Yields an empty temporary directory beside `export_dir`, renamed into place on success
+  (files.atomic_directory) with the tests' kill point just before the rename."""
+  with files.atomic_directory(export_dir, faults.from_environment().export_written) as tmp:
     yield tmp
-    faults.from_environment().export_written()  # the tests' kill point; a no-op otherwise
-    if not os.path.exists(export_dir):
-      os.rename(tmp, export_dir)
-    elif not _swap(tmp, export_dir):
-      aside = f"{tmp}.old"
-      os.rename(export_dir, aside)
-      os.rename(tmp, export_dir)
-      tmp = aside
-  finally:
-    if os.path.exists(tmp):
-      shutil.rmtree(tmp)
 
 
 def write_info(directory: str, info: dict) -> None:

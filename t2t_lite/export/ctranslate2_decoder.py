@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 
+from t2t_lite.batching import decode_batches
 from t2t_lite.errors import UsageError
 from t2t_lite.export import VOCAB_FILE, read_info
 from t2t_lite.problems.vocab import EOS_ID, PAD_ID
@@ -24,22 +25,6 @@ def t2t_score(ctranslate2_score: float, length: int, alpha: float) -> float:
   """ctranslate2's log p / length^alpha as tensor2tensor's log p / ((5 + length) / 6)^alpha."""
   log_prob = ctranslate2_score * length ** alpha
   return log_prob / ((5.0 + length) / 6.0) ** alpha
-
-
-def batches(sources, max_length: int, batch_size: int = 32, batch_tokens: int = 0):
-  """The batches of t2t_lite.decode.Decoder.batches (a test holds the two equal), without
-  importing TensorFlow: index lists in length order, each of at most batch_size sentences and
-  batch_tokens source tokens counting padding (0: no limit)."""
-  order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-  chunks, current = [], []
-  for i in order:
-    length = min(len(sources[i]), max_length)
-    full = batch_size and len(current) >= batch_size
-    if current and (full or (batch_tokens and (len(current) + 1) * length > batch_tokens)):
-      chunks.append(current)
-      current = []
-    current.append(i)
-  return chunks + ([current] if current else [])
 
 
 class Ctranslate2Decoder:
@@ -68,7 +53,7 @@ class Ctranslate2Decoder:
     """Per source (ids ending in EOS), in order: (ids without EOS, tensor2tensor score) pairs,
     best first; beam_size of them (one with greedy)."""
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
-    for chunk in batches(sources, self.max_length, batch_size, batch_tokens):
+    for chunk in decode_batches(sources, self.max_length, batch_size, batch_tokens):
       # ctranslate2 appends the EOS itself (add_source_eos); long sources keep
       # max_length - 1 pieces, as the decoder keeps them.
       rows = [[self.pieces[t] for t in sources[i] if t != EOS_ID][:self.max_length - 1]

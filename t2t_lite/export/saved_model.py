@@ -7,12 +7,16 @@ Signatures:
   SentencepieceTokenizer, truncated to the model's max_length as t2t-lite-decoder does, and
   decoded with the search and settings fixed at export.
 - `translate_ids`: `ids` int32 [batch, length] (0-padded, each ending in EOS = 1) -> `ids`
-  int32 [batch, length'] (or [batch, beam, length']; EOS-terminated, 0-padded) and `scores`,
-  for servers without tensorflow-text.
+  int32 [batch, length'] (or [batch, beam, length']; EOS-terminated, 0-padded) and `scores`.
 
 The sentencepiece model is held by the tokenizer op inside the graph and copied to
-`assets/sentencepiece.model`, so the directory works once the run is deleted. Loading needs
-`import tensorflow_text` (it registers the SentencePiece ops) and nothing from t2t_lite.
+`assets/sentencepiece.model`, so the directory works once the run is deleted. Loading it
+needs `import tensorflow_text` (it registers the SentencePiece ops, which TensorFlow checks
+for every function of the graph, whichever signature is called) and nothing from t2t_lite.
+
+For servers without tensorflow-text, `ids_only/` inside the export is a second SavedModel
+with the same weights and search and no SentencePiece ops: `translate_ids`, also as
+`serving_default`. Plain TensorFlow (or `saved_model_cli run`) loads it.
 """
 
 from __future__ import annotations
@@ -52,17 +56,16 @@ def _text_mask(ids):
   return before_eos & tf.not_equal(ids, 0)
 
 
-class Serving(tf.Module):
-  """The model, its tokenizer and its search, with the two serving functions."""
+IDS_ONLY_DIR = "ids_only"
 
-  def __init__(self, model, vocab_file: str, max_length: int, options):
+
+class IdsServing(tf.Module):
+  """The model and its search: ids in, ids out (no tokenizer, so no tensorflow-text ops)."""
+
+  def __init__(self, model, max_length: int, options):
     super().__init__(name="t2t_lite_serving")
-    import tensorflow_text as tf_text
     from t2t_lite import decode
     self.model = model
-    self.vocabulary = tf.saved_model.Asset(vocab_file)
-    with open(vocab_file, "rb") as f:
-      self.tokenizer = tf_text.SentencepieceTokenizer(model=f.read(), add_eos=True)
     self._search = decode.Decoder(model, max_length, options.extra_decode_length).search_fn(
         options.beam_size, options.alpha)
     self._max_length = max_length
@@ -81,6 +84,17 @@ class Serving(tf.Module):
     if not self._return_beams:
       out, scores = out[:, 0], scores[:, 0]
     return {"ids": out, "scores": scores}
+
+
+class Serving(IdsServing):
+  """IdsServing plus the tokenizer, for the strings-in, strings-out signature."""
+
+  def __init__(self, model, vocab_file: str, max_length: int, options):
+    super().__init__(model, max_length, options)
+    import tensorflow_text as tf_text
+    self.vocabulary = tf.saved_model.Asset(vocab_file)
+    with open(vocab_file, "rb") as f:
+      self.tokenizer = tf_text.SentencepieceTokenizer(model=f.read(), add_eos=True)
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
   def translate(self, inputs):
@@ -105,12 +119,16 @@ def export(model, hparams, vocab_file: str, directory: str, options) -> None:
     # Staged under the name a CTranslate2 export uses too (the saver keeps file names).
     asset = os.path.join(staging, VOCAB_FILE)
     shutil.copyfile(vocab_file, asset)
-    _save(Serving(model, asset, hparams.max_length, options), directory)
+    serving = Serving(model, asset, hparams.max_length, options)
+    _save(serving, directory, {"serving_default": serving.translate.get_concrete_function(),
+                               "translate_ids": serving.translate_ids.get_concrete_function()})
+  ids_only = IdsServing(model, hparams.max_length, options)
+  function = ids_only.translate_ids.get_concrete_function()
+  _save(ids_only, os.path.join(directory, IDS_ONLY_DIR),
+        {"serving_default": function, "translate_ids": function})
 
 
-def _save(serving, directory: str) -> None:
-  signatures = {"serving_default": serving.translate.get_concrete_function(),
-                "translate_ids": serving.translate_ids.get_concrete_function()}
+def _save(serving, directory: str, signatures: dict) -> None:
   # The saver logs every renamed function input at INFO; keep the exporter's output readable.
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.WARNING)

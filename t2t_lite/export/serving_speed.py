@@ -56,7 +56,8 @@ def _ctranslate2(spec, lines):
 
 def measure(spec: dict) -> dict:
   """Translates spec["source"] in this process; seconds of each stage, sentences/s, BLEU."""
-  from t2t_lite.export import VOCAB_FILE, ctranslate2_decoder
+  from t2t_lite.batching import decode_batches
+  from t2t_lite.export import VOCAB_FILE
   from t2t_lite.problems.base import read_lines
   import sentencepiece as spm
   times = {"python_seconds": time.perf_counter() - START}
@@ -71,7 +72,7 @@ def measure(spec: dict) -> dict:
     vocab_file = os.path.join(spec["export_dir"], "assets", VOCAB_FILE)
   lengths = [[0] * (n + 1) for n in
              map(len, spm.SentencePieceProcessor(model_file=vocab_file).encode(lines))]
-  chunks = ctranslate2_decoder.batches(lengths, info["max_length"], spec.get("batch_size", 64))
+  chunks = decode_batches(lengths, info["max_length"], spec.get("batch_size", 64))
   engine = _saved_model if spec["engine"] == "saved_model" else _ctranslate2
   times["import_seconds"], times["build_seconds"], run = engine(spec, lines)
   mark = time.perf_counter()
