@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two processes, whole files each (module fixtures are built once); TEST_JOBS=0 runs serially.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 train: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" \

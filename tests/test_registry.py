@@ -79,7 +79,10 @@ def test_problems_and_help():
   assert "transformer_base_fake_gpu8  (alias: transformer_base_multistep8)" in text
 
 
-def test_a_new_set_is_one_decorated_function():
+def test_a_new_set_is_one_decorated_function(monkeypatch):
+  # Registered into a copy, so the other tests (in any order) see only the project's sets.
+  registry.hparams_sets.names()  # the built-in sets are loaded first
+  monkeypatch.setattr(registry.hparams_sets, "_items", dict(registry.hparams_sets._items))
   @registry.register_hparams
   def transformer_test_only_set():
     hparams = registry.hparams("transformer_tiny")
