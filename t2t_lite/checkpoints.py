@@ -29,12 +29,17 @@ class Checkpoints:
   """The run's CheckpointManager, with fallback on damage and multi-worker agreement."""
 
   def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int,
-               strategy: tf.distribute.Strategy, faults: NoFaults | None = None):
+               strategy: tf.distribute.Strategy, faults: NoFaults | None = None,
+               keep_every_n_hours: float = 0.0):
     self.checkpoint = checkpoint
     self.strategy = strategy
     self.faults = faults or NoFaults()
-    # keep = 0 keeps every checkpoint.
-    self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep or None)
+    # keep = 0 keeps every checkpoint. keep_every_n_hours: of the checkpoints that rotation
+    # removes, one per this many hours stays (TensorFlow's CheckpointManager does the
+    # bookkeeping, in the directory's checkpoint state, so it survives a restart).
+    self.manager = tf.train.CheckpointManager(
+        checkpoint, directory, max_to_keep=keep or None,
+        keep_checkpoint_every_n_hours=keep_every_n_hours or None)
     self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     self.last_saved = self._last_path = None
 
@@ -120,3 +125,56 @@ class Checkpoints:
     path = self.faults.save(self.manager, self.checkpoint, micro_step)
     self.last_saved, self._last_path = micro_step, path
     return path
+
+
+def _source_checkpoint(source: str) -> str:
+  """A checkpoint prefix: `source` itself, or the newest checkpoint of a run directory."""
+  if os.path.isdir(source):
+    path = tf.train.latest_checkpoint(source)
+    if path is None:
+      raise UsageError(f"--warm_start_from={source} holds no checkpoint; give a run "
+                       "directory with checkpoints or a checkpoint prefix (RUN/ckpt-N)")
+    return path
+  if not tf.io.gfile.exists(source + ".index"):
+    raise UsageError(f"--warm_start_from={source} is neither a run directory nor a "
+                     f"checkpoint prefix (no {source}.index)")
+  return source
+
+
+def _mismatches(objects: dict, path: str) -> list[str]:
+  """What of `objects` the checkpoint at `path` lacks or holds in another shape."""
+  import tempfile
+  theirs = dict(tf.train.list_variables(path))
+  with tempfile.TemporaryDirectory() as tmp:  # our names and shapes, as a checkpoint has them
+    ours = dict(tf.train.list_variables(tf.train.Checkpoint(**objects).write(
+        os.path.join(tmp, "ours"))))
+  found = []
+  for name, shape in sorted(ours.items()):
+    if not name.endswith(".ATTRIBUTES/VARIABLE_VALUE"):
+      continue
+    short = name.replace("/.ATTRIBUTES/VARIABLE_VALUE", "")
+    if name not in theirs:
+      found.append(f"{short} (missing)")
+    elif list(theirs[name]) != list(shape):
+      found.append(f"{short} {list(theirs[name])} != ours {list(shape)}")
+  return found
+
+
+def warm_start(learner, source: str, with_optimizer: bool = False) -> str:
+  """A new run starts from the model weights of another run's checkpoint (and, with
+  `with_optimizer`, Adam's slots); counters, accumulators and Adam's step stay at 0.
+  Returns the checkpoint read; a usage error naming what does not match."""
+  path = _source_checkpoint(source)
+  objects = {"model": learner.model}
+  if with_optimizer:
+    # The slots only: the stand-in has the optimizer's attribute names, not its counter.
+    objects["optimizer"] = tf.train.Checkpoint(m=learner.adam.m, v=learner.adam.v)
+  mismatched = _mismatches(objects, path)
+  if mismatched:
+    shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more"
+                                         if len(mismatched) > 4 else "")
+    raise UsageError(f"--warm_start_from={source}: {len(mismatched)} variable(s) do not match "
+                     f"this model: {shown}; warm start needs the same model shapes and "
+                     "vocabulary")
+  tf.train.Checkpoint(**objects).read(path).assert_existing_objects_matched()
+  return path

@@ -319,10 +319,7 @@ class Decoder:
     search = self._search(beam_size, alpha, use_cache)
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
     for chunk in self.batches(sources, batch_size, batch_tokens):
-      rows = [list(sources[i]) for i in chunk]
-      if self.max_length:
-        rows = [r[:self.max_length - 1] + [EOS_ID] if len(r) > self.max_length else r
-                for r in rows]
+      rows = self._truncated([list(sources[i]) for i in chunk])
       width = max(len(r) for r in rows)
       padded = tf.constant([r + [0] * (width - len(r)) for r in rows], tf.int32)
       ids, scores = search(padded, tf.constant(width + self.extra_length, tf.int32))
@@ -337,3 +334,31 @@ class Decoder:
     """The best translation of each of `sources` (lists of ids ending in EOS), in order."""
     return [nbest[0][0] for nbest in self.translate_nbest(
         sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]
+
+  def _truncated(self, rows):
+    if not self.max_length:
+      return rows
+    return [r[:self.max_length - 1] + [EOS_ID] if len(r) > self.max_length else r for r in rows]
+
+  def score(self, sources, targets, batch_tokens: int = 0) -> list[float]:
+    """Forced decoding: log p(target | source), summed over the target's tokens, its EOS
+    included (no length penalty, no label smoothing), for each pair of id lists ending in
+    EOS, in order. Sources are truncated as for translation; batches by source tokens."""
+    if "score" not in self._compiled:
+      spec = tf.TensorSpec([None, None], tf.int32)
+      self._compiled["score"] = tf.function(self._score_batch, autograph=False,
+                                            input_signature=[spec, spec])
+    results = [0.0] * len(sources)
+    for chunk in self.batches(sources, 0, batch_tokens):
+      rows = self._truncated([list(sources[i]) for i in chunk])
+      wanted = [list(targets[i]) for i in chunk]
+      padded = [tf.constant([r + [0] * (max(map(len, group)) - len(r)) for r in group],
+                            tf.int32) for group in (rows, wanted)]
+      for i, value in zip(chunk, self._compiled["score"](*padded).numpy()):
+        results[i] = float(value)
+    return results
+
+  def _score_batch(self, inputs, targets):
+    logits = tf.cast(self.model(inputs, targets), tf.float32)
+    log_probs = tf.gather(tf.nn.log_softmax(logits), targets, batch_dims=2)
+    return tf.reduce_sum(tf.where(tf.not_equal(targets, 0), log_probs, 0.0), axis=1)

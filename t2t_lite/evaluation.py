@@ -3,8 +3,13 @@
 Dev loss is the plain negative log-likelihood per target token (no label smoothing, as
 tensor2tensor evaluates), so it compares across label_smoothing values and with other
 toolkits; dev perplexity is its exponential. Dev BLEU decodes the first dev sentences and
-scores them with sacreBLEU (tokenizer by target language). The checkpoint with the best dev
-BLEU is kept in `output_dir/best`.
+scores them with sacreBLEU (tokenizer by target language).
+
+The model of the best evaluation is kept in `output_dir/best` (with `best.json`: metric,
+value, update): best by dev BLEU, or by the early-stopping metric when early stopping is on.
+Early stopping (tensor2tensor's eval_early_stopping_*) stops the run once the metric has not
+improved by more than `delta` for `steps` updates; its state lives in `best.json`, so a
+resumed run counts on.
 """
 
 from __future__ import annotations
@@ -21,17 +26,27 @@ from t2t_lite import data as data_lib
 from t2t_lite.files import write_atomic
 
 
+BEST_FILE = "best.json"
+METRICS = ("dev_loss", "dev_bleu")  # what early stopping may watch
+LOWER_IS_BETTER = {"dev_loss": True, "dev_bleu": False}
+
+
 class Evaluator:
   """Runs the evaluations of one run (on the chief) and writes them to `output_dir/eval`."""
 
   def __init__(self, learner, hparams, vocab, dev_files, output_dir: str, eval_steps: int,
-               bleu_sentences: int, beam_size: int, target_lang: str = ""):
+               bleu_sentences: int, beam_size: int, target_lang: str = "",
+               early_stopping_steps: int = 0, early_stopping_metric: str = "dev_loss",
+               early_stopping_delta: float = 0.0):
     self.learner, self.hparams, self.vocab = learner, hparams, vocab
     self.dev_files, self.output_dir = dev_files, output_dir
     self.eval_steps, self.bleu_sentences, self.beam_size = eval_steps, bleu_sentences, beam_size
     self.target_lang = target_lang
+    self.early_stopping_steps = early_stopping_steps
+    self.early_stopping_delta = early_stopping_delta
+    self.metric = early_stopping_metric if early_stopping_steps else "dev_bleu"
     self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
-    self.best_bleu = self._read_best()
+    self.best = self._read_best()  # {"value", "update", "improved_at"} or None
     self._bleu_inputs = None
 
   def dev_loss(self) -> float:
@@ -68,23 +83,52 @@ class Evaluator:
     with self.writer.as_default(step=update):
       for name, value in results.items():
         tf.summary.scalar(name, value)
-    if results.get("dev_bleu", -1.0) > self.best_bleu:
-      self.best_bleu = results["dev_bleu"]
-      self._save_best(update)
+    if self.metric in results:
+      self._record(results[self.metric], update)
     logging.info("eval at update %d: %s (%.1fs)", update,
                  ", ".join(f"{k} {v:.4f}" for k, v in results.items()), time.time() - start)
     return results
+
+  def _better(self, value: float, than: float, by: float = 0.0) -> bool:
+    return value < than - by if LOWER_IS_BETTER[self.metric] else value > than + by
+
+  def _record(self, value: float, update: int) -> None:
+    """The best model so far, and the update of the last improvement by more than delta."""
+    best = self.best
+    if best is not None and not self._better(value, best["value"]):
+      return
+    significant = best is None or self._better(value, best["value"], self.early_stopping_delta)
+    self.best = {"metric": self.metric, "value": value, "update": update,
+                 "improved_at": update if significant else best["improved_at"]}
+    self._save_best(update)
+
+  def early_stop(self, update: int) -> str | None:
+    """Why to stop after this update's evaluation (early stopping), or None."""
+    if not self.early_stopping_steps or self.best is None:
+      return None
+    since = update - self.best["improved_at"]
+    if since < self.early_stopping_steps:
+      return None
+    return (f"early stopping: {self.metric} has not improved by more than "
+            f"{self.early_stopping_delta:g} for {since} updates (best {self.best['value']:.4f} "
+            f"at update {self.best['update']}, kept in {os.path.join(self.output_dir, 'best')})")
 
   def flush(self) -> None:
     self.writer.flush()
 
   # --- the best model ----------------------------------------------------------------
-  def _read_best(self) -> float:
-    path = os.path.join(self.output_dir, "best", "bleu.json")
-    if os.path.isfile(path):
-      with open(path) as f:
-        return float(json.load(f)["bleu"])
-    return -1.0
+  def _read_best(self) -> dict | None:
+    """The best evaluation of this run so far, if it was judged by this run's metric."""
+    path = os.path.join(self.output_dir, "best", BEST_FILE)
+    if not os.path.isfile(path):
+      return None
+    with open(path) as f:
+      best = json.load(f)
+    if best.get("metric") != self.metric:
+      logging.warning("%s judged the best model by %s; this run judges by %s and starts "
+                      "again", path, best.get("metric"), self.metric)
+      return None
+    return best
 
   def _save_best(self, update: int) -> None:
     best_dir = os.path.join(self.output_dir, "best")
@@ -92,5 +136,5 @@ class Evaluator:
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=self.learner.model),
                                          best_dir, max_to_keep=1)
     path = manager.save(checkpoint_number=update)
-    write_atomic(os.path.join(best_dir, "bleu.json"),
-                 json.dumps({"bleu": self.best_bleu, "update": update, "checkpoint": path}))
+    write_atomic(os.path.join(best_dir, BEST_FILE),
+                 json.dumps(dict(self.best, checkpoint=path), indent=2))

@@ -25,7 +25,7 @@ from absl import logging
 
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
-from t2t_lite.checkpoints import Checkpoints
+from t2t_lite.checkpoints import Checkpoints, warm_start
 from t2t_lite.errors import RunError
 from t2t_lite.evaluation import Evaluator
 from t2t_lite.learner import Learner
@@ -39,12 +39,19 @@ class RunOptions:
   seed: int = 1
   keep_checkpoint_max: int = 20         # 0 = keep every checkpoint
   save_checkpoints_steps: int = 1000    # updates; 0 = only when the run stops
+  save_checkpoints_secs: float = 0.0    # also once this long after the last save; 0 = not
+  keep_checkpoint_every_n_hours: float = 0.0  # also keep one checkpoint per this many hours
   local_eval_frequency: int = 1000      # updates; 0 = no evaluation during training
   eval_steps: int = 100                 # dev batches for the dev loss; 0 = the whole dev set
   log_every: int = 100                  # updates; 0 = only the last update
   train_minutes: float = 0.0            # wall-clock budget; 0 = none
   eval_bleu_sentences: int = 500        # dev sentences decoded for BLEU; 0 = no BLEU
   eval_beam_size: int = 1
+  early_stopping_steps: int = 0         # updates without improvement; 0 = no early stopping
+  early_stopping_metric: str = "dev_loss"
+  early_stopping_delta: float = 0.1
+  warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
+  warm_start_optimizer: bool = False    # ... and its Adam slots
 
 
 def format_duration(seconds: float) -> str:
@@ -111,7 +118,8 @@ class Trainer:
                  else os.path.join(options.output_dir, "workers", worker_name))
     self.checkpoints = Checkpoints(
         tf.train.Checkpoint(**self.iterators, **self.learner.trackables()), directory,
-        options.keep_checkpoint_max, self.strategy, self.faults)
+        options.keep_checkpoint_max, self.strategy, self.faults,
+        options.keep_checkpoint_every_n_hours)
     self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
     self._slots = self._padding = 0  # token slots and padding of this worker's batches
@@ -123,7 +131,9 @@ class Trainer:
         self.evaluator = Evaluator(
             self.learner, hparams, self.vocab, self.dev_files, options.output_dir,
             options.eval_steps, options.eval_bleu_sentences, options.eval_beam_size,
-            problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""))
+            problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""),
+            options.early_stopping_steps, options.early_stopping_metric,
+            options.early_stopping_delta)
 
   def _make_iterators(self, files) -> dict:
     """One training-data iterator per local replica, named by its global replica id.
@@ -153,10 +163,19 @@ class Trainer:
 
   # --- checkpoints -------------------------------------------------------------------
   def restore(self) -> bool:
-    """Restores the newest usable checkpoint (see t2t_lite.checkpoints)."""
+    """Restores the newest usable checkpoint (see t2t_lite.checkpoints); a new run with
+    `warm_start_from` starts from that run's weights instead."""
     path = self.checkpoints.restore()
     if path is None:
+      if self.options.warm_start_from:
+        source = warm_start(self.learner, self.options.warm_start_from,
+                            self.options.warm_start_optimizer)
+        logging.info("warm start from %s: model weights%s; update 0", source,
+                     " and Adam's slots" if self.options.warm_start_optimizer else "")
       return False
+    if self.options.warm_start_from:
+      logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
+                      "a new run only", self.checkpoints.directory)
     self.learner.forget_host_counters()
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
@@ -192,15 +211,16 @@ class Trainer:
       return f"signal {self._stop_signal}"
     return None
 
-  def _agreed_stop(self, out_of_time: bool) -> bool:
-    """Whether to stop after this update. Workers decide together (a worker that stopped
-    alone would leave the others waiting in the next collective)."""
-    local = out_of_time or self._stop_signal is not None
+  def _agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
+    """Whether to stop, and whether to save, after this update. Workers decide together (a
+    worker that stopped or saved alone would leave the others waiting in a collective): one
+    reduction carries both."""
     if not self._multi_worker:
-      return local
+      return stop, save
     flags = self.strategy.experimental_distribute_values_from_function(
-        lambda context: tf.constant(1.0 if local else 0.0))
-    return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)) > 0
+        lambda context: tf.constant([float(stop), float(save)]))
+    total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None).numpy()
+    return bool(total[0] > 0), bool(total[1] > 0)
 
   # --- the loop ----------------------------------------------------------------------
   def train(self) -> dict:
@@ -234,8 +254,14 @@ class Trainer:
     window_tokens = window_updates = 0
     window_loss = 0.0
     stop_reason = "train_steps reached"
+    # A resumed run that early stopping had stopped stays stopped (workers agree on it).
+    early_stop = self.evaluator.early_stop(update) if self.evaluator is not None else None
+    stopped = self._agree(update < plan.train_steps and early_stop is not None, False)[0]
+    if stopped:
+      stop_reason = early_stop or "another worker stopped"
     reduction_logged = False
-    while update < plan.train_steps:
+    last_save = time.time()
+    while not stopped and update < plan.train_steps:
       reason = self._stop_now(micro_step)
       if reason:
         stop_reason = reason
@@ -269,15 +295,27 @@ class Trainer:
                     window_tokens, window_loss, deadline)
           window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
         pause = time.time()
-        if every(options.save_checkpoints_steps, update):
-          self.save()
         if self.evaluator is not None and every(options.local_eval_frequency, update):
           self.evaluator.evaluate(update)
+          early_stop = self.evaluator.early_stop(update)
         window_start += time.time() - pause  # tokens/s counts training time only
-      # The time budget and stop signals are checked after every update, applied or not.
-      out_of_time = deadline is not None and time.time() >= deadline
-      if update < plan.train_steps and self._agreed_stop(out_of_time):
-        stop_reason = (f"time budget of {options.train_minutes:g} minutes reached"
+      # The time budget, stop signals and timed saves are checked after every update,
+      # applied or not.
+      now = time.time()
+      out_of_time = deadline is not None and now >= deadline
+      local_stop = out_of_time or self._stop_signal is not None or early_stop is not None
+      timed_save = (options.save_checkpoints_secs > 0 and
+                    now - last_save >= options.save_checkpoints_secs)
+      stop, save = self._agree(update < plan.train_steps and local_stop,
+                               timed_save or (outcome == "applied" and
+                                              every(options.save_checkpoints_steps, update)))
+      if save and not stop:
+        self.save()
+        last_save = time.time()
+        window_start += last_save - now
+      if stop:
+        stop_reason = (early_stop if early_stop is not None
+                       else f"time budget of {options.train_minutes:g} minutes reached"
                        if out_of_time else f"signal {self._stop_signal}"
                        if self._stop_signal is not None else "another worker stopped")
         break

@@ -376,3 +376,20 @@ def test_killed_export_leaves_no_export_and_the_old_one_whole(exported, tiny_run
   # place clears its own (so only the never-completed "fresh" one's remains).
   left = sorted(os.listdir(tmp_path))
   assert left[-1] == "old" and all(name.startswith(".fresh.tmp-") for name in left[:-1]), left
+
+
+def test_score_file_with_ctranslate2_matches_ours(exported, tiny_run, tmp_path):
+  pairs = [("A man is riding a bike.", "Ein Mann fährt Fahrrad."), ("Kids.", "Kinder."),
+           ("Two dogs play in the snow near a red house.", "Zwei Hunde spielen im Schnee.")]
+  (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+  args = [f"--score_file={tmp_path / 'pairs.tsv'}"]
+  _finish([
+      _start("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}", *args,
+             f"--decode_to_file={tmp_path / 'ours.txt'}"),
+      _start("t2t-lite-decoder", "--engine=ctranslate2",
+             f"--export_dir={exported['dirs']['ct2']}", *args,
+             f"--decode_to_file={tmp_path / 'theirs.txt'}")])
+  ours, theirs = ([float(x) for x in (tmp_path / name).read_text().split()]
+                  for name in ("ours.txt", "theirs.txt"))
+  assert len(ours) == len(pairs) and all(score < 0 for score in ours)
+  np.testing.assert_allclose(theirs, ours, atol=1e-3, rtol=0)

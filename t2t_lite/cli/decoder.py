@@ -1,4 +1,9 @@
-"""t2t-lite-decoder: translates a file, one output line per input line, in order."""
+"""t2t-lite-decoder: translates a file, one output line per input line, in order; or stdin
+line by line (--decode_interactive); or scores given translations (--score_file).
+
+With return_beams=true each output line holds the beam_size hypotheses and their scores,
+tab-separated and best first: `hyp1<TAB>score1<TAB>hyp2<TAB>score2...`.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +25,16 @@ flags.DEFINE_string("output_dir", None, "The training (or averaged) run director
 flags.DEFINE_string("checkpoint_path", None, "A checkpoint (default: the newest in output_dir).")
 flags.DEFINE_string("decode_hparams", "", "beam_size, alpha, batch_size (source tokens), "
                     "extra_decode_length "
-                    "(with --engine=ctranslate2, the export's unless given here).")
+                    "(with --engine=ctranslate2, the export's unless given here), "
+                    "return_beams (write the beam_size best with their scores, tab-separated).")
 flags.DEFINE_string("decode_from_file", None, "Source text, one sentence a line (.gz allowed).")
-flags.DEFINE_string("decode_to_file", None, "Where the translations go.")
+flags.DEFINE_string("decode_to_file", None, "Where the translations (or the --score_file "
+                    "scores) go.")
+flags.DEFINE_bool("decode_interactive", False, "Translate standard input line by line, each "
+                  "translation printed (and flushed) as soon as it is decoded; works in a pipe.")
+flags.DEFINE_string("score_file", None, "Forced decoding: a file of `source<TAB>target` lines; "
+                    "writes log p(target | source) of each line (summed over the target's "
+                    "tokens and EOS, no length penalty) to --decode_to_file.")
 flags.DEFINE_enum("engine", "tensorflow", ["tensorflow", "ctranslate2"],
                   "Who decodes: t2t-lite's own search over a checkpoint (tensorflow), or a "
                   "t2t-lite-exporter --format=ctranslate2 export (ctranslate2, --export_dir).")
@@ -35,11 +47,16 @@ def decode_hparams(spec: str):
   # batch_size counts source tokens, padding included (rows x longest row), as training's
   # does: 1024 holds about 64 test_2016_flickr sentences, more short ones, fewer long ones.
   hparams = HParams(beam_size=4, alpha=0.6, batch_size=1024, extra_decode_length=50,
-                    use_cache=True)
+                    use_cache=True, return_beams=False)
   hparams.parse(spec)
   if hparams.beam_size < 1 or hparams.batch_size < 1:
     raise UsageError("--decode_hparams: beam_size and batch_size must be at least 1")
   return hparams
+
+
+def _given_keys() -> set[str]:
+  return {entry.split("=")[0].strip() for entry in FLAGS.decode_hparams.split(",")
+          if entry.strip()}
 
 
 def ctranslate2_engine(options):
@@ -54,7 +71,7 @@ def ctranslate2_engine(options):
   from t2t_lite.export.ctranslate2_decoder import Ctranslate2Decoder
   from t2t_lite.problems.vocab import SubwordVocab
   # The export's own beam_size, alpha and extra_decode_length unless --decode_hparams sets them.
-  given_keys = {entry.split("=")[0].strip() for entry in FLAGS.decode_hparams.split(",")}
+  given_keys = _given_keys()
   info = read_info(FLAGS.export_dir, "ctranslate2")
   for key in ("beam_size", "alpha", "extra_decode_length"):
     if key not in given_keys:
@@ -63,44 +80,122 @@ def ctranslate2_engine(options):
   return decoder, SubwordVocab(decoder.vocab_file), decoder.max_length
 
 
+def _mode() -> str:
+  """translate, interactive or score; their flags are checked before anything loads."""
+  given = [name for name in ("decode_from_file", "score_file") if getattr(FLAGS, name)]
+  if FLAGS.decode_interactive:
+    given.insert(0, "decode_interactive")
+  if len(given) > 1:
+    raise UsageError(f"--{given[0]} and --{given[1]} are different modes; give one")
+  if not given:
+    raise UsageError("--decode_from_file is required, e.g. --decode_from_file=test.en (or "
+                     "--decode_interactive, or --score_file)")
+  if given[0] == "decode_interactive":
+    if FLAGS.decode_to_file:
+      raise UsageError("--decode_to_file is not written with --decode_interactive (the "
+                       "translations go to standard output); drop it")
+    return "interactive"
+  common.require(FLAGS.decode_to_file, "decode_to_file",
+                 "test.de.out" if given[0] == "decode_from_file" else "scores.txt")
+  path = getattr(FLAGS, given[0])
+  if not os.path.isfile(path):
+    raise UsageError(f"--{given[0]}={path} does not exist")
+  return "translate" if given[0] == "decode_from_file" else "score"
+
+
+def _engine(options):
+  """(decoder, vocab, max_length) of the chosen engine."""
+  if FLAGS.engine == "ctranslate2":
+    return ctranslate2_engine(options)
+  if FLAGS.export_dir:
+    raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
+                     "--output_dir alone for the tensorflow engine")
+  model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path,
+                                     FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
+                                     FLAGS.data_dir)
+  from t2t_lite import decode
+  return decode.Decoder(model, hparams.max_length, options.extra_decode_length), vocab, \
+      hparams.max_length
+
+
+class Translator:
+  """Lines of text -> output lines (one best, or the n-best with scores), empty for empty."""
+
+  def __init__(self, decoder, vocab, max_length: int, options):
+    self.decoder, self.vocab, self.max_length, self.options = decoder, vocab, max_length, options
+
+  def __call__(self, lines: list[str], first_line: int = 1) -> list[str]:
+    options = self.options
+    sources, positions = [], []
+    for index, line in enumerate(lines):
+      if line.strip():  # an empty line translates to an empty line
+        ids = self.vocab.encode(line.strip())
+        if len(ids) > self.max_length:
+          logging.warning("line %d has %d tokens; only the first %d are translated",
+                          first_line + index, len(ids), self.max_length)
+        sources.append(ids)
+        positions.append(index)
+    nbests = self.decoder.translate_nbest(sources, options.beam_size, options.alpha,
+                                          batch_size=0, use_cache=options.use_cache,
+                                          batch_tokens=options.batch_size)
+    beams = options.beam_size if options.return_beams else 1
+    out = [self._format([([], 0.0)] * beams)] * len(lines)
+    for index, nbest in zip(positions, nbests):
+      out[index] = self._format(nbest[:beams])
+    return out
+
+  def _format(self, nbest) -> str:
+    texts = [self.vocab.decode(ids).replace("\n", " ").replace("\t", " ") for ids, _ in nbest]
+    if not self.options.return_beams:
+      return texts[0]
+    return "\t".join(f"{text}\t{score:.4f}" for text, (_, score) in zip(texts, nbest))
+
+
+def _score(decoder, vocab) -> None:
+  from t2t_lite.problems.base import read_lines
+  lines = read_lines(FLAGS.score_file)
+  if not lines:
+    raise UsageError(f"--score_file={FLAGS.score_file} is empty; nothing to score")
+  sources, targets = [], []
+  for number, line in enumerate(lines, 1):
+    if line.count("\t") != 1:
+      raise UsageError(f"--score_file={FLAGS.score_file} line {number} has "
+                       f"{line.count(chr(9))} tabs; each line is source<TAB>target")
+    source, target = line.split("\t")
+    sources.append(vocab.encode(source.strip()))
+    targets.append(vocab.encode(target.strip()))
+  options = decode_hparams(FLAGS.decode_hparams)
+  scores = decoder.score(sources, targets, batch_tokens=options.batch_size)
+  write_atomic(FLAGS.decode_to_file, "".join(f"{score:.6f}\n" for score in scores))
+  print(f"scored {len(scores)} lines -> {FLAGS.decode_to_file}", file=sys.stderr)
+
+
 def main() -> None:
   from t2t_lite.problems.base import read_lines
-  common.require(FLAGS.decode_from_file, "decode_from_file", "test.en")
-  common.require(FLAGS.decode_to_file, "decode_to_file", "test.de.out")
-  if not os.path.isfile(FLAGS.decode_from_file):
-    raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} does not exist")
-  lines = read_lines(FLAGS.decode_from_file)
-  if not lines:
-    raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} is empty; nothing to decode")
+  mode = _mode()
   options = decode_hparams(FLAGS.decode_hparams)
-  if FLAGS.engine == "ctranslate2":
-    decoder, vocab, max_length = ctranslate2_engine(options)
-  else:
-    if FLAGS.export_dir:
-      raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
-                       "--output_dir alone for the tensorflow engine")
-    model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path,
-                                       FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
-                                       FLAGS.data_dir)
-    max_length = hparams.max_length
-    from t2t_lite import decode
-    decoder = decode.Decoder(model, max_length, options.extra_decode_length)
-  sources, positions = [], []
-  for index, line in enumerate(lines):
-    if line.strip():  # an empty line translates to an empty line
-      ids = vocab.encode(line.strip())
-      if len(ids) > max_length:
-        logging.warning("line %d has %d tokens; only the first %d are translated", index + 1,
-                        len(ids), max_length)
-      sources.append(ids)
-      positions.append(index)
-  outputs = decoder.translate_ids(sources, options.beam_size, options.alpha, batch_size=0,
-                                  use_cache=options.use_cache, batch_tokens=options.batch_size)
-  translations = [""] * len(lines)
-  for index, ids in zip(positions, outputs):
-    translations[index] = vocab.decode(ids)
-  write_atomic(FLAGS.decode_to_file, "".join(t.replace("\n", " ") + "\n" for t in translations))
-  print(f"translated {len(sources)} lines ({len(lines) - len(sources)} empty) -> "
+  if mode == "score":
+    for key in sorted(_given_keys() - {"batch_size"}):
+        raise UsageError(f"--decode_hparams: {key} is not read with --score_file (forced "
+                         "decoding searches nothing); only batch_size is")
+  lines = read_lines(FLAGS.decode_from_file) if mode == "translate" else []
+  if mode == "translate" and not lines:
+    raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} is empty; nothing to decode")
+  decoder, vocab, max_length = _engine(options)
+  if mode == "score":
+    _score(decoder, vocab)
+    return
+  translate = Translator(decoder, vocab, max_length, options)
+  if mode == "interactive":
+    print("reading sentences from standard input, one a line; end with Ctrl-D",
+          file=sys.stderr, flush=True)
+    for number, line in enumerate(sys.stdin, 1):
+      print(translate([line.rstrip("\n")], number)[0], flush=True)
+    return
+  translations = translate(lines)
+  write_atomic(FLAGS.decode_to_file, "".join(t + "\n" for t in translations))
+  empty = sum(not line.strip() for line in lines)
+  print(f"translated {len(lines) - empty} lines ({empty} empty) -> "
         f"{FLAGS.decode_to_file}", file=sys.stderr)
 
 

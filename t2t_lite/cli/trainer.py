@@ -29,7 +29,21 @@ common.define_count("eval_beam_size", 1, "Beam size of the BLEU evaluation (1: g
                     minimum=1)
 common.define_count("save_checkpoints_steps", 1000, "Save a checkpoint every this many updates "
                     "(0: only when the run stops: end, time budget, Ctrl-C, SIGTERM).")
+flags.DEFINE_float("save_checkpoints_secs", 0.0, "Also save a checkpoint once this many "
+                   "seconds have passed since the last save (0: by --save_checkpoints_steps "
+                   "only).", lower_bound=0.0)
 common.define_count("keep_checkpoint_max", 20, "Checkpoints kept (0: all).")
+flags.DEFINE_float("keep_checkpoint_every_n_hours", 0.0, "Of the checkpoints that "
+                   "--keep_checkpoint_max rotates away, keep one from every this many hours of "
+                   "training (0: none), e.g. for averaging or recovery later.", lower_bound=0.0)
+common.define_count("eval_early_stopping_steps", 0, "Stop when the "
+                    "--eval_early_stopping_metric has not improved by more than "
+                    "--eval_early_stopping_metric_delta for this many updates (0: never); the "
+                    "best model is kept in output_dir/best.")
+flags.DEFINE_enum("eval_early_stopping_metric", "dev_loss", ["dev_loss", "dev_bleu"],
+                  "What early stopping watches (dev_loss: lower is better; dev_bleu: higher).")
+flags.DEFINE_float("eval_early_stopping_metric_delta", 0.1, "The least change of the metric "
+                   "that counts as an improvement for early stopping.", lower_bound=0.0)
 common.define_count("log_every", 100, "Log and write summaries every this many updates (0: "
                     "only for the last update).")
 common.define_count("random_seed", 1, "Seed of initialization, data order and dropout.",
@@ -41,6 +55,12 @@ common.define_count("cpu_replicas", 1, "Split the CPU into this many logical dev
 common.define_count("slurm_port_base", 8888, "Under Slurm (--strategy=multi_worker): tasks "
                     "of a node listen on this port and the next ones.", minimum=1,
                     maximum=65535)
+flags.DEFINE_string("warm_start_from", None, "Fine-tuning: a new run starts from the model "
+                    "weights of this run directory (its newest checkpoint) or checkpoint "
+                    "prefix; Adam, counters and accumulators start afresh (update 0). "
+                    "Ignored, with a warning, when --output_dir has checkpoints to resume.")
+flags.DEFINE_bool("warm_start_optimizer", False, "With --warm_start_from: also carry Adam's "
+                  "slots (moments), not its step.")
 flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, problems, models.")
 flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
@@ -64,6 +84,14 @@ def main() -> None:
     common.check_writable_dir(FLAGS.output_dir, "output_dir")
   if FLAGS.model:
     registry.models.canonical(FLAGS.model)
+  _check_early_stopping()
+  if FLAGS.warm_start_optimizer and not FLAGS.warm_start_from:
+    raise UsageError("--warm_start_optimizer is read only with --warm_start_from; set that "
+                     "too, or drop it")
+  if FLAGS.warm_start_from and FLAGS.output_dir and os.path.realpath(
+      FLAGS.warm_start_from).startswith(os.path.realpath(FLAGS.output_dir) + os.sep):
+    raise UsageError(f"--warm_start_from={FLAGS.warm_start_from} lies inside --output_dir; "
+                     "warm start reads another run")
   problem = registry.problem(FLAGS.problem)
   model_override = f"model={FLAGS.model}" if FLAGS.model else ""
   hparams, previous, hparams_set = rundir.resolve(
@@ -122,12 +150,34 @@ def main() -> None:
       save_checkpoints_steps=FLAGS.save_checkpoints_steps,
       local_eval_frequency=FLAGS.local_eval_frequency, eval_steps=FLAGS.eval_steps,
       log_every=FLAGS.log_every, train_minutes=FLAGS.train_minutes,
-      eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size)
+      eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size,
+      save_checkpoints_secs=FLAGS.save_checkpoints_secs,
+      keep_checkpoint_every_n_hours=FLAGS.keep_checkpoint_every_n_hours,
+      early_stopping_steps=FLAGS.eval_early_stopping_steps,
+      early_stopping_metric=FLAGS.eval_early_stopping_metric,
+      early_stopping_delta=FLAGS.eval_early_stopping_metric_delta,
+      warm_start_from=FLAGS.warm_start_from or "",
+      warm_start_optimizer=FLAGS.warm_start_optimizer)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
   result = trainer.train()
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
         f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
         f"{result['checkpoint']}", flush=True)
+
+
+def _check_early_stopping() -> None:
+  """Early stopping needs the evaluations it watches; its settings mean nothing without it."""
+  if not FLAGS.eval_early_stopping_steps:
+    for name in ("eval_early_stopping_metric", "eval_early_stopping_metric_delta"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} is read only with --eval_early_stopping_steps > 0; set "
+                         "that too, or drop it")
+    return
+  if not FLAGS.local_eval_frequency:
+    raise UsageError("--eval_early_stopping_steps needs evaluations: set "
+                     "--local_eval_frequency > 0")
+  if FLAGS.eval_early_stopping_metric == "dev_bleu" and not FLAGS.eval_bleu_sentences:
+    raise UsageError("--eval_early_stopping_metric=dev_bleu needs --eval_bleu_sentences > 0")
 
 
 def _resolve_cluster() -> None:

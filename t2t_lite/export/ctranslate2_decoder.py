@@ -48,10 +48,13 @@ class Ctranslate2Decoder:
     self.ids = {piece: i for i, piece in enumerate(self.pieces)}
 
   def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                      batch_size: int = 32, batch_tokens: int = 0
+                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
                       ) -> list[list[tuple[list[int], float]]]:
     """Per source (ids ending in EOS), in order: (ids without EOS, tensor2tensor score) pairs,
     best first; beam_size of them (one with greedy)."""
+    if not use_cache:
+      raise UsageError("use_cache=false is a setting of --engine=tensorflow; CTranslate2 "
+                       "always decodes with its cache")
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
     for chunk in decode_batches(sources, self.max_length, batch_size, batch_tokens):
       # ctranslate2 appends the EOS itself (add_source_eos); long sources keep
@@ -77,8 +80,17 @@ class Ctranslate2Decoder:
                     batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
                     ) -> list[list[int]]:
     """The best translation of each of `sources` (ids ending in EOS), in order."""
-    if not use_cache:
-      raise UsageError("use_cache=false is a setting of --engine=tensorflow; CTranslate2 "
-                       "always decodes with its cache")
     return [nbest[0][0] for nbest in
-            self.translate_nbest(sources, beam_size, alpha, batch_size, batch_tokens)]
+            self.translate_nbest(sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]
+
+  def score(self, sources, targets, batch_tokens: int = 0) -> list[float]:
+    """Decoder.score through CTranslate2: log p(target | source), EOS included, in order."""
+    results = [0.0] * len(sources)
+    for chunk in decode_batches(sources, self.max_length, 0, batch_tokens):
+      rows = [[self.pieces[t] for t in sources[i] if t != EOS_ID][:self.max_length - 1]
+              for i in chunk]
+      wanted = [[self.pieces[t] for t in targets[i] if t != EOS_ID] for i in chunk]
+      for i, output in zip(chunk, self.translator.score_batch(rows, wanted,
+                                                              max_input_length=0)):
+        results[i] = float(sum(output.log_probs))
+    return results
