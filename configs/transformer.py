@@ -40,6 +40,8 @@ def basic_params() -> HParams:
       optimizer_adam_beta2=0.997,
       optimizer_adam_epsilon=1e-9,
       optimizer_multistep_accumulate_steps=1,
+      # "n@u;..." pairs: n micro-steps per update after update u (replaces the above).
+      optimizer_multistep_accumulate_schedule="",
       effective_batch_tokens=0,
       learning_rate_schedule="constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size",
       learning_rate_constant=2.0,

@@ -1,10 +1,10 @@
 """Checkpoints of a training run: save, restore the newest readable one, agree across workers.
 
-Checkpoints are named `ckpt-<micro_step>`. A damaged one (a file cut short, say) is reported
+Checkpoints are named `ckpt-<N>`, N the micro-batches trained on (of all replicas). A damaged one (a file cut short, say) is reported
 and the previous one used. Under MultiWorkerMirroredStrategy every worker keeps its own
-checkpoints; after restoring, the workers compare their micro-steps in one collective and,
+checkpoints; after restoring, the workers compare their checkpoints in one collective and,
 if they differ (one worker's newest checkpoint was lost), all fall back to the newest
-micro-step every worker has, or all stop with one error naming the directories.
+checkpoint every worker has, or all stop with one error naming the directories.
 """
 
 from __future__ import annotations
@@ -28,10 +28,15 @@ def checkpoint_number(path: str) -> int:
 class Checkpoints:
   """The run's CheckpointManager, with fallback on damage and multi-worker agreement."""
 
-  def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, keep: int,
+  def __init__(self, objects: dict, directory: str, keep: int,
                strategy: tf.distribute.Strategy, faults: NoFaults | None = None,
-               keep_every_n_hours: float = 0.0):
-    self.checkpoint = checkpoint
+               keep_every_n_hours: float = 0.0, before_restore=None,
+               optional: tuple[str, ...] = ()):
+    """`objects`: what a checkpoint holds, by name; those named in `optional` may be missing
+    from a checkpoint (they keep their initial values), the others must all match."""
+    self.objects, self.optional = objects, optional
+    checkpoint = self.checkpoint = tf.train.Checkpoint(**objects)
+    self.before_restore = before_restore  # raises a UsageError for a checkpoint refused
     self.strategy = strategy
     self.faults = faults or NoFaults()
     # keep = 0 keeps every checkpoint. keep_every_n_hours: of the checkpoints that rotation
@@ -52,12 +57,20 @@ class Checkpoints:
     return list(reversed(state.all_model_checkpoint_paths)) if state else []
 
   def _restore_newest(self, at_most: int | None = None):
-    """(micro-step restored, or NOTHING / FAILED; its path; the error to raise if FAILED)."""
+    """(number of the checkpoint restored, or NOTHING / FAILED; its path; the error to raise if FAILED)."""
     candidates = [p for p in self._candidates()
                   if at_most is None or checkpoint_number(p) <= at_most]
     for index, path in enumerate(candidates):
       try:
-        self.checkpoint.restore(path).assert_existing_objects_matched()
+        if self.before_restore is not None:
+          self.before_restore(path)
+        stored = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        tf.train.Checkpoint(**{
+            name: value for name, value in self.objects.items()
+            if name in stored or name not in self.optional}).restore(
+                path).assert_existing_objects_matched()
+      except UsageError as err:
+        return FAILED, None, err
       except AssertionError as err:  # readable, but written by another setup
         return FAILED, None, UsageError(
             f"checkpoint {path} does not match this run (replicas, accumulate steps or "
@@ -94,7 +107,7 @@ class Checkpoints:
     return path
 
   def _agree(self, number: int, path: str | None, error: Exception | None):
-    """Brings every worker to the same micro-step (see the module docstring)."""
+    """Brings every worker to the same checkpoint (see the module docstring)."""
     first = numbers = self._gather(number)
     while FAILED not in numbers and min(numbers) != max(numbers):
       if min(numbers) == NOTHING:
@@ -104,26 +117,26 @@ class Checkpoints:
       numbers = self._gather(number)
     if FAILED in numbers:
       return number, path, error or RunError(
-          f"another worker could not restore its checkpoint (micro-steps by worker: "
+          f"another worker could not restore its checkpoint (checkpoints by worker: "
           f"{first}); see its log")
     if min(numbers) != max(numbers):
       return number, path, UsageError(
-          f"the workers' checkpoints have no micro-step in common (newest by worker: {first}; "
+          f"the workers' checkpoints have none in common (newest by worker: {first}; "
           f"this worker's directory: {self.directory}; the chief's is --output_dir, the "
           "others' output_dir/workers/<task>); restore the missing checkpoints or move them "
           "all away to start afresh")
     if first != numbers:
-      logging.warning("workers' newest checkpoints disagreed (micro-steps by worker: %s); all "
-                      "resume from micro-step %d, the newest every worker has", first,
+      logging.warning("workers' newest checkpoints disagreed (ckpt-N by worker: %s); all "
+                      "resume from ckpt-%d, the newest every worker has", first,
                       numbers[0])
     return number, path, None
 
-  def save(self, micro_step: int) -> str:
-    """Saves at `micro_step` unless that micro-step is already saved."""
-    if micro_step == self.last_saved:
+  def save(self, number: int) -> str:
+    """Saves ckpt-`number` unless that one is already saved."""
+    if number == self.last_saved:
       return self._last_path
-    path = self.faults.save(self.manager, self.checkpoint, micro_step)
-    self.last_saved, self._last_path = micro_step, path
+    path = self.faults.save(self.manager, self.checkpoint, number)
+    self.last_saved, self._last_path = number, path
     return path
 
 

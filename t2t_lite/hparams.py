@@ -118,6 +118,10 @@ class HParams:
       if not entry.strip():
         continue
       if "=" not in entry:
+        if "@" in entry:  # "1@0,2@1000": the schedule's pairs went to the comma split
+          raise HParamsError(f"malformed --hparams entry {entry.strip()!r}: separate the n@update "
+                             "pairs of optimizer_multistep_accumulate_schedule with ';', e.g. "
+                             "optimizer_multistep_accumulate_schedule=1@0;2@1000")
         raise HParamsError(f"malformed --hparams entry {entry.strip()!r}: expected name=value, "
                            "e.g. --hparams='batch_size=2048,learning_rate_constant=1.0'")
       name, value = entry.split("=", 1)

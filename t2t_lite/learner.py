@@ -6,9 +6,13 @@ replicas. At the update, the accumulators are summed across replicas once, the g
 divided by the total token count T (so n micro-batches are exactly one batch of their union,
 token-weighted), optionally clipped, and Adam is applied once. With
 accumulate_steps = 1 there are no accumulators: one fused step does gradient and update.
+With an accumulation schedule (see steps.AccumulateSchedule) n varies by update; the
+accumulators then exist throughout, and an n=1 phase uses the fused step.
 
-Dropout seeds are (random_seed, micro_step x replicas + replica): a function of checkpointed
-counters, so a resumed run draws the same masks as one never stopped.
+Dropout seeds are (random_seed, micro_step x replicas + replica), the index of the
+micro-batch in the one training stream that all replicas share (see train.Trainer): a
+function of checkpointed counters and the same on any layout, so a resumed run, on the same
+layout or another, draws the same masks as one never stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from t2t_lite import faults as faults_lib
 from t2t_lite import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
 from t2t_lite.optimize import Adam, GradientAccumulator, learning_rate
+from t2t_lite.steps import AccumulateSchedule
 
 SUM = tf.distribute.ReduceOp.SUM
 # Cross-replica sums of an update are packed into chunks of about this size: a few collectives
@@ -33,12 +38,13 @@ BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
 class Learner:
   """Holds the trainable state and runs micro-steps and updates."""
 
-  def __init__(self, hparams, vocab_size: int, accumulate_steps: int, seed: int = 1,
-               strategy: tf.distribute.Strategy | None = None,
+  def __init__(self, hparams, vocab_size: int, accumulate_steps: int | AccumulateSchedule,
+               seed: int = 1, strategy: tf.distribute.Strategy | None = None,
                faults: faults_lib.NoFaults | None = None):
     hparams_check.check(hparams)
     self.hparams = hparams
-    self.accumulate_steps = accumulate_steps
+    self.schedule = (accumulate_steps if isinstance(accumulate_steps, AccumulateSchedule)
+                     else AccumulateSchedule.constant(accumulate_steps))
     self.seed = seed
     self.strategy = strategy or tf.distribute.get_strategy()
     self.replicas = self.strategy.num_replicas_in_sync
@@ -46,7 +52,7 @@ class Learner:
                                                  hparams.attention_dropout,
                                                  hparams.relu_dropout))
     self.faults = faults or faults_lib.NoFaults()
-    self._micro = None
+    self._position = self._updates_done = None  # host mirrors of in_update and update_step
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
       self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
@@ -57,7 +63,14 @@ class Learner:
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.micro_step = tf.Variable(0, name="micro_step", **counter)
       self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
-      self.accumulator = GradientAccumulator(self.variables) if accumulate_steps > 1 else None
+      # Micro-steps done of the update in progress (-1 in a checkpoint that predates it).
+      self.in_update = tf.Variable(-1, name="in_update", **counter)
+      # The layout a checkpoint was written on: [replicas, micro-steps of the update in
+      # progress]; a resume on another layout is checked against it (see train.Trainer).
+      self.layout = tf.Variable([self.replicas, self.schedule.steps_for(1)], name="layout",
+                                **counter)
+      self.accumulator = (GradientAccumulator(self.variables)
+                          if self.schedule.needs_accumulators else None)
       # float16 needs loss scaling; bfloat16 has float32's range and does not.
       self.loss_scale = None
       if compute_dtype(hparams) == tf.float16:
@@ -83,7 +96,8 @@ class Learner:
   def trackables(self) -> dict:
     """What a checkpoint must hold to resume exactly."""
     state = {"model": self.model, "optimizer": self.adam, "micro_step": self.micro_step,
-             "skipped_updates": self.skipped_updates}
+             "skipped_updates": self.skipped_updates, "in_update": self.in_update,
+             "layout": self.layout}
     if self.accumulator is not None:
       state["accumulator"] = self.accumulator
     if self.loss_scale is not None:
@@ -128,6 +142,7 @@ class Learner:
   def _distributed_micro_step(self, batch):
     self.strategy.run(self._accumulate, args=(batch,))
     self.micro_step.assign_add(1)
+    self.in_update.assign_add(1)
 
   def _sum_over_replicas(self, values):
     """Each of `values` (per-replica tensors or replica-local variables) summed over all
@@ -156,6 +171,7 @@ class Learner:
     *grads, loss, tokens = self._sum_over_replicas([*acc.gradients, acc.loss, acc.tokens])
     stats = self._apply(grads, loss, tokens)
     self.strategy.run(acc.reset)
+    self.in_update.assign(0)
     return stats
 
   def _apply(self, grad_sums, loss_sum, tokens):
@@ -203,18 +219,47 @@ class Learner:
     return self.model.loss(batch["inputs"], batch["targets"], smoothing=0.0)
 
   # --- the public steps --------------------------------------------------------------
+  def accumulate_steps(self, update: int | None = None) -> int:
+    """Micro-steps of update `update` (1-based; default: the update in progress)."""
+    if update is None:
+      self._sync_host()
+      update = self._updates_done + 1
+    return self.schedule.steps_for(update)
+
+  def position(self) -> int:
+    """Micro-steps done of the update in progress (0 between updates)."""
+    self._sync_host()
+    return self._position
+
+  def _sync_host(self) -> None:
+    if self._position is None:  # read once after (re)start
+      self._updates_done = int(self.update_step.numpy())
+      position = int(self.in_update.numpy())
+      if position < 0:  # a checkpoint from before in_update: n was constant
+        position = int(self.micro_step.numpy()) % self.schedule.steps_for(self._updates_done + 1)
+        self.in_update.assign(position)
+      self._position = position
+
+  def record_layout(self) -> None:
+    """Before a save: the layout the checkpoint is written on."""
+    self.layout.assign([self.replicas, self.accumulate_steps()])
+
   def step(self, batch):
     """One micro-step; returns the update's statistics when it completed an update."""
-    if self._micro is None:  # a host mirror of the counter, read once after (re)start
-      self._micro = int(self.micro_step.numpy())
-    self._micro += 1
-    if self.accumulator is None:
-      return self.fused_step_fn(batch)
-    self.micro_step_fn(batch)
-    if self._micro % self.accumulate_steps == 0:
-      return self.update_fn()
-    return None
+    steps = self.accumulate_steps()
+    if steps == 1 and self._position == 0:
+      stats = self.fused_step_fn(batch)
+    else:
+      self.micro_step_fn(batch)
+      self._position += 1
+      if self._position < steps:
+        return None
+      stats = self.update_fn()
+      self._position = 0
+    if self.schedule.varies:  # the next update's n depends on whether this one was applied
+      self._updates_done += int(bool(stats["finite"]))
+    return stats
 
   def forget_host_counters(self) -> None:
     """Call after restoring a checkpoint: the counters are re-read on the next step."""
-    self._micro = None
+    self._position = self._updates_done = None

@@ -16,6 +16,9 @@ from t2t_lite.files import write_atomic
 from t2t_lite.hparams import HParams
 
 META_FILE = "hparams.json"
+# Resuming may change these as long as the tokens per update stay the same (another replica
+# count, say): the trainer checks that against the checkpoint (train.Trainer._check_layout).
+LAYOUT_HPARAMS = ("optimizer_multistep_accumulate_steps",)
 DEFAULT_SET = "transformer_multi30k_cpu"
 
 
@@ -56,7 +59,8 @@ def resolve(hparams_set: str | None, overrides: str, output_dir: str | None,
   recorded = hparams.values()
   applied = hparams.parse(overrides)
   if previous is not None and not allow_change:
-    changed = {k: (recorded[k], v) for k, v in applied.items() if recorded[k] != v}
+    changed = {k: (recorded[k], v) for k, v in applied.items()
+               if recorded[k] != v and k not in LAYOUT_HPARAMS}
     if changed:
       detail = ", ".join(f"{k}={new!r} (recorded {old!r})" for k, (old, new) in changed.items())
       raise UsageError(f"{output_dir} was trained with other values: {detail}; use another "

@@ -5,6 +5,10 @@
 - the learning-rate schedule, Adam's step count and `--train_steps` all count updates;
 - tokens per update = batch_size x accumulate_steps x replicas;
 - micro-steps to run = train_steps x accumulate_steps.
+
+With `optimizer_multistep_accumulate_schedule` ("1@0;2@1000;8@4000") accumulate_steps varies
+by update: n=1 for updates 1-1000, n=2 for updates 1001-4000, n=8 from update 4001. Every
+micro-batch of an update uses the n of that update's phase.
 """
 
 from __future__ import annotations
@@ -15,22 +19,105 @@ from t2t_lite.errors import UsageError
 
 
 @dataclass(frozen=True)
+class AccumulateSchedule:
+  """Micro-steps per update, by phase: `phases` = ((n, after_update), ...), the first after
+  update 0. `explicit`: set by the schedule hparam (accumulators then exist even while n=1)."""
+  phases: tuple[tuple[int, int], ...]
+  explicit: bool = False
+
+  @classmethod
+  def constant(cls, steps: int) -> "AccumulateSchedule":
+    return cls(((steps, 0),))
+
+  @classmethod
+  def parse(cls, text: str) -> "AccumulateSchedule":
+    name = "optimizer_multistep_accumulate_schedule"
+    phases = []
+    for part in text.split(";"):
+      n, _, u = part.strip().partition("@")
+      try:
+        phases.append((int(n), int(u)))
+      except ValueError:
+        raise UsageError(f"{name}={text!r}: '{part.strip()}' is not n@update; write pairs "
+                         "like '1@0;2@1000;8@4000' (n micro-steps per update after that "
+                         "update), separated by ';'") from None
+    if phases[0][1] != 0:
+      raise UsageError(f"{name}={text!r}: the first phase must start at update 0 "
+                       f"(e.g. '{phases[0][0]}@0;...')")
+    for (n, u), (_, previous) in zip(phases, [(0, -1)] + phases[:-1]):
+      if n < 1:
+        raise UsageError(f"{name}={text!r}: n={n} must be at least 1")
+      if u <= previous:
+        raise UsageError(f"{name}={text!r}: the updates must increase ({u} after {previous})")
+    return cls(tuple(phases), explicit=True)
+
+  @property
+  def varies(self) -> bool:
+    return len(self.phases) > 1
+
+  @property
+  def needs_accumulators(self) -> bool:
+    return self.explicit or max(n for n, _ in self.phases) > 1
+
+  def steps_for(self, update: int) -> int:
+    """n of update `update` (1-based)."""
+    steps = self.phases[0][0]
+    for n, after in self.phases:
+      if update > after:
+        steps = n
+    return steps
+
+  def spans(self, train_steps: int) -> list[tuple[int, int, int]]:
+    """(n, first update, last update) of each phase reached within train_steps."""
+    out = []
+    for index, (n, after) in enumerate(self.phases):
+      if after >= train_steps:
+        break
+      last = self.phases[index + 1][1] if index + 1 < len(self.phases) else train_steps
+      out.append((n, after + 1, min(last, train_steps)))
+    return out
+
+  def micro_steps(self, train_steps: int) -> int:
+    return sum(n * (last - first + 1) for n, first, last in self.spans(train_steps))
+
+  def __str__(self) -> str:
+    return ";".join(f"{n}@{u}" for n, u in self.phases)
+
+
+@dataclass(frozen=True)
 class BatchPlan:
   batch_size: int          # tokens per replica and micro-step (rows x longest, with padding)
   accumulate_steps: int    # micro-steps per update
   replicas: int
   train_steps: int         # updates
   derived_from: str = ""   # how accumulate_steps was chosen, when not set directly
+  schedule: AccumulateSchedule | None = None  # when accumulate_steps varies by update
+
+  @property
+  def accumulation(self) -> AccumulateSchedule:
+    return self.schedule or AccumulateSchedule.constant(self.accumulate_steps)
 
   @property
   def tokens_per_update(self) -> int:
+    """Of the first update (see `lines` for each phase of a schedule)."""
     return self.batch_size * self.accumulate_steps * self.replicas
 
   @property
   def micro_steps(self) -> int:
-    return self.train_steps * self.accumulate_steps
+    return self.accumulation.micro_steps(self.train_steps)
 
   def lines(self) -> list[str]:
+    if self.schedule is not None:
+      out = [f"batch_size per replica and micro-step: {self.batch_size} tokens",
+             f"replicas: {self.replicas}",
+             f"accumulate schedule: {self.schedule}"]
+      for n, first, last in self.schedule.spans(self.train_steps):
+        out.append(f"  updates {first}-{last}: {n} micro-steps per update, "
+                   f"{self.batch_size * n * self.replicas} tokens per update, "
+                   f"{n * (last - first + 1)} micro-steps")
+      out += [f"updates (--train_steps): {self.train_steps}",
+              f"micro-steps: {self.micro_steps}"]
+      return out
     out = [
         f"batch_size per replica and micro-step: {self.batch_size} tokens",
         f"accumulate steps (micro-steps per update): {self.accumulate_steps}",
@@ -53,6 +140,15 @@ def plan(hparams, replicas: int, train_steps: int) -> BatchPlan:
     raise UsageError(f"batch_size={hparams.batch_size}: must be at least 1 token")
   steps = hparams.optimizer_multistep_accumulate_steps
   derived = ""
+  if hparams.optimizer_multistep_accumulate_schedule.strip():
+    schedule = AccumulateSchedule.parse(hparams.optimizer_multistep_accumulate_schedule)
+    for other, value, default in (("optimizer_multistep_accumulate_steps", steps, 1),
+                                  ("effective_batch_tokens", hparams.effective_batch_tokens, 0)):
+      if value != default:
+        raise UsageError(f"optimizer_multistep_accumulate_schedule replaces {other}={value}; "
+                         f"set {other}={default}, or drop the schedule")
+    return BatchPlan(hparams.batch_size, schedule.steps_for(1), replicas, train_steps,
+                     schedule=schedule)
   if hparams.effective_batch_tokens:
     per_micro_step = hparams.batch_size * replicas
     steps, remainder = divmod(hparams.effective_batch_tokens, per_micro_step)

@@ -4,10 +4,15 @@ The loop's collaborators each sit in their own module: `learner` (the compiled m
 and updates), `checkpoints` (save, restore, multi-worker agreement), `evaluation` (dev loss,
 perplexity, BLEU, the best model) and `faults` (fault injection for the reliability tests).
 
-Checkpoints (`output_dir/ckpt-<micro_step>`) hold the model, Adam's slots and step, the
-accumulators and token counter, the micro-step counter and the training data iterators, so a
-run stopped anywhere, mid-accumulation included, resumes to the same parameters as a run
-never stopped. Checkpoints are written every `save_checkpoints_steps` updates and at exit
+Checkpoints (`output_dir/ckpt-<micro-batches>`, counting the micro-batches of all replicas)
+hold the model, Adam's slots and step, the accumulators and token counter, the micro-step
+counters and the training data iterator, so a run stopped anywhere, mid-accumulation
+included, resumes to the same parameters as a run never stopped.
+
+All replicas share one training stream: micro-step m of replica r trains on micro-batch
+m x replicas + r of it. Between updates the state is therefore layout-free, and a run may
+resume on another layout with the same tokens per update (1 replica x n=8, 2 x n=4, 8 x 1):
+it continues the same stream, and ends where a run never moved would. Checkpoints are written every `save_checkpoints_steps` updates and at exit
 (end, time budget, Ctrl-C or SIGTERM). With more than one replica a stop waits for the end
 of the update in progress, so that such a checkpoint holds no replica-local accumulators
 (they would be restored as their sum spread over the replicas of the new process).
@@ -26,7 +31,7 @@ from absl import logging
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
 from t2t_lite.checkpoints import Checkpoints, warm_start
-from t2t_lite.errors import RunError
+from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
 from t2t_lite.learner import Learner
 from t2t_lite.steps import BatchPlan
@@ -52,6 +57,12 @@ class RunOptions:
   early_stopping_delta: float = 0.1
   warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
   warm_start_optimizer: bool = False    # ... and its Adam slots
+  allow_hparams_change: bool = False    # resume on a layout with other tokens per update
+
+
+def _layout(replicas: int, steps: int) -> str:
+  return (f"{replicas} replica{'s' if replicas > 1 else ''} x {steps} micro-step"
+          f"{'s' if steps > 1 else ''} per update")
 
 
 def format_duration(seconds: float) -> str:
@@ -106,7 +117,7 @@ class Trainer:
     self.is_chief = is_chief
     self.vocab = problem.get_vocab(options.data_dir)
     self.faults = faults_lib.from_environment()
-    self.learner = Learner(hparams, self.vocab.size, plan.accumulate_steps, options.seed,
+    self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
                            self.strategy, self.faults)
     self._train_files = problem.data_files(options.data_dir, "train")
     self.dev_files = problem.data_files(options.data_dir, "dev")
@@ -116,12 +127,16 @@ class Trainer:
     # output_dir/workers/<task>, and each resumes from its own directory.
     directory = (options.output_dir if is_chief
                  else os.path.join(options.output_dir, "workers", worker_name))
+    # The accumulators exist only for n > 1 and the counters of the update in progress are
+    # new: between updates a checkpoint without them resumes as well (see _check_layout).
     self.checkpoints = Checkpoints(
-        tf.train.Checkpoint(**self.iterators, **self.learner.trackables()), directory,
+        {**self.iterators, **self.learner.trackables()}, directory,
         options.keep_checkpoint_max, self.strategy, self.faults,
-        options.keep_checkpoint_every_n_hours)
+        options.keep_checkpoint_every_n_hours, before_restore=self._check_stream,
+        optional=("accumulator", "in_update", "layout"))
     self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
+    self._restored = False
     self._slots = self._padding = 0  # token slots and padding of this worker's batches
     self.train_writer = tf.summary.create_noop_writer()
     self.evaluator = None
@@ -136,22 +151,24 @@ class Trainer:
             options.early_stopping_delta)
 
   def _make_iterators(self, files) -> dict:
-    """One training-data iterator per local replica, named by its global replica id.
-
-    Replica r reads shard r of the examples with seed + r, whatever the process layout, so
-    2 replicas in one process and 2 worker processes see the same batches.
+    """The one training stream, whatever the layout: each micro-step takes the next
+    `replicas` micro-batches of it, batch r for replica r. Every process reads the whole
+    stream and keeps its own replicas' batches, so 2 replicas in one process, 2 worker
+    processes and 1 replica with twice the micro-steps train on the same batches.
     """
     ids = self.strategy.experimental_distribute_values_from_function(
         lambda context: context.replica_id_in_sync_group)
     self.replica_ids = [int(i) for i in self.strategy.experimental_local_results(ids)]
-    replicas = self.strategy.num_replicas_in_sync
-    return {f"iterator_{r}": iter(data_lib.train_dataset(
-        files, self.hparams, self.options.seed + r, shard=(r, replicas)))
-            for r in self.replica_ids}
+    # "iterator_0" and shard (0, 1): the name and pipeline of the one-replica runs before
+    # the stream was shared, whose checkpoints therefore still resume exactly.
+    return {"iterator_0": iter(data_lib.train_dataset(files, self.hparams, self.options.seed,
+                                                      shard=(0, 1)))}
 
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
-    batches = {r: next(self.iterators[f"iterator_{r}"]) for r in self.replica_ids}
+    stream = self.iterators["iterator_0"]
+    taken = [next(stream) for _ in range(self.strategy.num_replicas_in_sync)]
+    batches = {r: taken[r] for r in self.replica_ids}
     for batch in batches.values():  # host-side arrays: counting costs no device sync
       padding, slots = data_lib.padding_and_slots(batch)
       self._padding += padding
@@ -162,9 +179,65 @@ class Trainer:
         lambda context: batches[context.replica_id_in_sync_group])
 
   # --- checkpoints -------------------------------------------------------------------
+  def _check_stream(self, path: str) -> None:
+    """Checkpoints from before the shared stream kept one data iterator per replica."""
+    names = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+    if "layout" not in names and ("iterator_1" in names or self.plan.replicas > 1):
+      raise UsageError(
+          f"checkpoint {path} was written by a t2t-lite whose replicas each read their own "
+          "data shard, which this version cannot continue on more than one replica; resume "
+          "it on one replica, or finish it with the version that wrote it")
+
+  def _check_layout(self, path: str) -> None:
+    """A checkpoint written on another layout (replicas x accumulate steps): resumable
+    between updates, when the tokens per update stay the same; the micro-step counter is
+    rescaled so that the run continues the same stream."""
+    learner, plan = self.learner, self.plan
+    old_replicas, old_steps = (int(x) for x in learner.layout.numpy())
+    steps = learner.accumulate_steps()
+    if (old_replicas, old_steps) == (plan.replicas, steps):
+      return
+    update = int(learner.update_step.numpy())
+    position = learner.position()
+    layouts = f"from {_layout(old_replicas, old_steps)} to {_layout(plan.replicas, steps)}"
+    if position:
+      raise UsageError(
+          f"checkpoint {path} was written mid-update ({position} of {old_steps} micro-steps "
+          f"of update {update + 1}) and cannot resume on another layout ({layouts}); resume "
+          f"it on its own layout with --train_steps={update + 1} to reach the end of that "
+          "update, then move")
+    if old_replicas * old_steps != plan.replicas * steps and not self.options.allow_hparams_change:
+      wanted = old_replicas * old_steps / plan.replicas
+      hint = (f"optimizer_multistep_accumulate_steps={int(wanted)}" if wanted == int(wanted)
+              else f"a replica count that divides {old_replicas * old_steps}")
+      raise UsageError(
+          f"resuming {path} on {layouts} changes the tokens per update from "
+          f"{old_replicas * old_steps * plan.batch_size} to "
+          f"{plan.replicas * steps * plan.batch_size}; use {hint} (or set "
+          "effective_batch_tokens), or pass --allow_hparams_change to accept the change")
+    batches = int(learner.micro_step.numpy()) * old_replicas
+    if batches % plan.replicas:
+      raise UsageError(f"checkpoint {path} is at micro-batch {batches} of the training "
+                       f"stream, which {plan.replicas} replicas cannot continue evenly; "
+                       "resume on its own layout")
+    learner.micro_step.assign(batches // plan.replicas)
+    learner.layout.assign([plan.replicas, steps])
+    learner.forget_host_counters()
+    logging.info("resumed on another layout: %s (%d tokens per update), at micro-batch %d "
+                 "of the training stream", layouts, plan.replicas * steps * plan.batch_size,
+                 batches)
+
   def restore(self) -> bool:
     """Restores the newest usable checkpoint (see t2t_lite.checkpoints); a new run with
-    `warm_start_from` starts from that run's weights instead."""
+    `warm_start_from` starts from that run's weights instead. Called by `train`, or before
+    it to check a resume before anything is written."""
+    if self._restored:
+      return self._resumed
+    self._restored = True
+    self._resumed = self._restore()
+    return self._resumed
+
+  def _restore(self) -> bool:
     path = self.checkpoints.restore()
     if path is None:
       if self.options.warm_start_from:
@@ -177,14 +250,18 @@ class Trainer:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
                       "a new run only", self.checkpoints.directory)
     self.learner.forget_host_counters()
+    self._check_layout(path)
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
     return True
 
   def save(self) -> str:
     micro_step = int(self.learner.micro_step.numpy())
-    already_saved = self.checkpoints.last_saved == micro_step
-    path = self.checkpoints.save(micro_step)
+    number = micro_step * self.plan.replicas  # micro-batches of the stream
+    already_saved = self.checkpoints.last_saved == number
+    if not already_saved:
+      self.learner.record_layout()
+    path = self.checkpoints.save(number)
     if not already_saved:
       logging.info("saved %s (update %d, micro-step %d)", path,
                    int(self.learner.update_step.numpy()), micro_step)
@@ -202,10 +279,10 @@ class Trainer:
   def _on_signal(self, signum, frame):
     self.request_stop(signum)
 
-  def _stop_now(self, micro_step: int) -> str | None:
+  def _stop_now(self) -> str | None:
     """Why to stop before the next micro-step, or None. With several replicas a stop waits
     for the end of the update (replica-local accumulators are not checkpointed)."""
-    if self.plan.replicas > 1 and micro_step % self.plan.accumulate_steps:
+    if self.plan.replicas > 1 and self.learner.position():
       return None
     if self._stop_signal is not None and not self._multi_worker:
       return f"signal {self._stop_signal}"
@@ -237,6 +314,15 @@ class Trainer:
       for s, handler in previous.items():
         signal.signal(s, handler)
 
+  def _log_phase(self, update: int) -> None:
+    """With an accumulation schedule: says when the next update starts another phase."""
+    schedule, plan = self.learner.schedule, self.plan
+    if schedule.varies and update < plan.train_steps:
+      old, new = schedule.steps_for(update), schedule.steps_for(update + 1)
+      if old != new:
+        logging.info("accumulate steps %d -> %d from update %d (%d tokens per update)", old,
+                     new, update + 1, plan.batch_size * new * plan.replicas)
+
   def _log_reduction(self) -> None:
     collectives = self.learner.reduction["collective_ops"]
     logging.info("cross-replica sum per update: %d tensors in %s",
@@ -262,7 +348,7 @@ class Trainer:
     reduction_logged = False
     last_save = time.time()
     while not stopped and update < plan.train_steps:
-      reason = self._stop_now(micro_step)
+      reason = self._stop_now()
       if reason:
         stop_reason = reason
         break
@@ -285,6 +371,7 @@ class Trainer:
                         int(learner.skipped_updates.numpy()))
       else:
         update += 1
+        self._log_phase(update)
         window_updates += 1
         window_tokens += float(stats["tokens"])
         window_loss += float(stats["loss"])

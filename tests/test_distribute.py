@@ -93,19 +93,19 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst
   written = sorted(os.listdir(workers_dir))
-  assert "ckpt-4.index" in written and "hparams.json" in written and "train" in written
+  assert "ckpt-8.index" in written and "hparams.json" in written and "train" in written
   assert "eval" not in written  # no evaluation asked for, no empty summaries
   # the other worker keeps its own checkpoints (its data iterator) apart from the chief's,
   # and writes no summaries
   assert sorted(os.listdir(os.path.join(workers_dir, "workers"))) == ["worker-1"]
   worker_1 = os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
-  assert "ckpt-4.index" in worker_1 and "train" not in worker_1
+  assert "ckpt-8.index" in worker_1 and "train" not in worker_1
 
 
 @pytest.fixture(scope="module")
 def slurm_resumed(two_worker_run, multi30k_data, tmp_path_factory):
   """The two workers of two_worker_run resumed for one more update as two Slurm tasks on
-  this node (no TF_CONFIG): checkpoints ckpt-4 and ckpt-6 in each worker's directory."""
+  this node (no TF_CONFIG): checkpoints ckpt-8 and ckpt-12 in each worker's directory (named by the micro-batches of both)."""
   workers_dir = str(tmp_path_factory.mktemp("slurm") / "workers")
   shutil.copytree(two_worker_run["workers_dir"], workers_dir)
   port_base = _free_port_pair()
@@ -126,8 +126,8 @@ def test_workers_resume_as_a_slurm_job_step(slurm_resumed):
   workers_dir = slurm_resumed["workers_dir"]
   for _, err in slurm_resumed["outputs"]:
     assert "update 2, micro-step 4" in err and "update 3/3 (micro-step 6)" in err
-  assert "ckpt-6.index" in os.listdir(workers_dir)
-  assert "ckpt-6.index" in os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
+  assert "ckpt-12.index" in os.listdir(workers_dir)
+  assert "ckpt-12.index" in os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
 
 
 def _two_workers(data_dir, output_dir, train_steps):
@@ -149,15 +149,16 @@ def _remove_checkpoint(directory, name, state_too=False):
 
 def test_workers_agree_on_the_newest_checkpoint_they_all_have(slurm_resumed, multi30k_data,
                                                                tmp_path):
-  """Worker 1 lost its newest checkpoint (ckpt-6): both resume from micro-step 4 instead of
-  the chief from 6 and worker 1 from 4 (which would hang the job in its collectives)."""
+  """Worker 1 lost its newest checkpoint (ckpt-12): both resume from ckpt-8 (micro-step 4)
+  instead of the chief from micro-step 6 and worker 1 from 4 (which would hang the job in its
+  collectives)."""
   workers_dir = str(tmp_path / "workers")
   shutil.copytree(slurm_resumed["workers_dir"], workers_dir)
-  _remove_checkpoint(os.path.join(workers_dir, "workers", "worker-1"), "ckpt-6")
+  _remove_checkpoint(os.path.join(workers_dir, "workers", "worker-1"), "ckpt-12")
   for process, _, err in _two_workers(multi30k_data, workers_dir, train_steps=4):
     assert process.returncode == 0, err[-3000:]
-    assert ("workers' newest checkpoints disagreed (micro-steps by worker: [6, 4]); all "
-            "resume from micro-step 4") in err
+    assert ("workers' newest checkpoints disagreed (ckpt-N by worker: [12, 8]); all "
+            "resume from ckpt-8") in err
     assert "update 3/4 (micro-step 6)" in err and "update 4/4 (micro-step 8)" in err
 
 
@@ -165,20 +166,20 @@ def test_workers_with_no_checkpoint_in_common_stop_with_one_error(slurm_resumed,
                                                                   multi30k_data, tmp_path):
   workers_dir = str(tmp_path / "workers")
   shutil.copytree(slurm_resumed["workers_dir"], workers_dir)
-  for name in ("ckpt-4", "ckpt-6"):  # the chief's run directory lost all its checkpoints
+  for name in ("ckpt-8", "ckpt-12"):  # the chief's run directory lost all its checkpoints
     _remove_checkpoint(workers_dir, name, state_too=True)
   for process, _, err in _two_workers(multi30k_data, workers_dir, train_steps=4):
     assert process.returncode == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("t2t-lite-trainer: error: the workers' checkpoints have no "
-                           "micro-step in common (newest by worker: [0, 6]")
+    assert last.startswith("t2t-lite-trainer: error: the workers' checkpoints have none in "
+                           "common (newest by worker: [0, 12]")
     assert "Traceback" not in err
 
 
 def test_a_stop_with_two_replicas_waits_for_the_update_and_resumes_exactly(
     two_worker_run, multi30k_data, tmp_path):
   """A SIGTERM after micro-step 1 of 2: two mirrored replicas finish the update and save
-  ckpt-2 (a checkpoint between updates holds no replica-local sums); the resumed run ends
+  ckpt-4 (2 x 2 micro-batches; a checkpoint between updates holds no replica-local sums); the resumed run ends
   where the unbroken one did."""
   output_dir = str(tmp_path / "mirrored")
   flags = [*_flags(multi30k_data), "--train_steps=2", "--strategy=mirrored", "--cpu_replicas=2",
@@ -187,7 +188,7 @@ def test_a_stop_with_two_replicas_waits_for_the_update_and_resumes_exactly(
   _, err = first.communicate(timeout=240)
   assert first.returncode == 0, err[-3000:]
   assert "2 replicas save only between updates" in err and "stopped: signal 15" in err
-  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == "ckpt-2"
+  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == "ckpt-4"
   _finish([_trainer(*flags)])
   expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
   worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)

@@ -25,6 +25,7 @@ CHANGES = {
     "learning_rate_schedule": "constant*linear_warmup",
     "batch_size": 96, "effective_batch_tokens": 128, "num_heads": 4, "max_length": 24,
     "min_length_bucket": 16, "length_bucket_step": 1.5, "hidden_size": 32,
+    "optimizer_multistep_accumulate_schedule": "1@0;2@5",
 }
 
 

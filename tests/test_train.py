@@ -1,6 +1,7 @@
 """The trainer: exact resume mid-accumulation, --train_steps in updates, the real CLI."""
 
 import glob
+import json
 import os
 
 import numpy as np
@@ -85,7 +86,10 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
   evaluation = _scalars(os.path.join(output_dir, "eval"))
   assert [step for step, _ in evaluation["dev_loss"]] == [4]
   assert "dev_bleu" in evaluation
-  assert os.path.isfile(os.path.join(output_dir, "best", "bleu.json"))
+  with open(os.path.join(output_dir, "best", "best.json")) as f:
+    best = json.load(f)  # no early stopping: the best model by dev BLEU
+  assert (best["metric"], best["update"]) == ("dev_bleu", 4)
+  assert best["value"] == pytest.approx(evaluation["dev_bleu"][-1][1], abs=1e-3)
 
   resumed = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={output_dir}",
                 "--train_steps=5", "--local_eval_frequency=0", check=True)

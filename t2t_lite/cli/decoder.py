@@ -151,21 +151,26 @@ class Translator:
     return "\t".join(f"{text}\t{score:.4f}" for text, (_, score) in zip(texts, nbest))
 
 
-def _score(decoder, vocab) -> None:
+def _score_pairs() -> list[tuple[str, str]]:
+  """The (source, target) lines of --score_file, checked before anything is built."""
   from t2t_lite.problems.base import read_lines
   lines = read_lines(FLAGS.score_file)
   if not lines:
     raise UsageError(f"--score_file={FLAGS.score_file} is empty; nothing to score")
-  sources, targets = [], []
+  pairs = []
   for number, line in enumerate(lines, 1):
     if line.count("\t") != 1:
       raise UsageError(f"--score_file={FLAGS.score_file} line {number} has "
                        f"{line.count(chr(9))} tabs; each line is source<TAB>target")
     source, target = line.split("\t")
-    sources.append(vocab.encode(source.strip()))
-    targets.append(vocab.encode(target.strip()))
-  options = decode_hparams(FLAGS.decode_hparams)
-  scores = decoder.score(sources, targets, batch_tokens=options.batch_size)
+    pairs.append((source.strip(), target.strip()))
+  return pairs
+
+
+def _score(decoder, vocab, pairs, options) -> None:
+  scores = decoder.score([vocab.encode(source) for source, _ in pairs],
+                         [vocab.encode(target) for _, target in pairs],
+                         batch_tokens=options.batch_size)
   write_atomic(FLAGS.decode_to_file, "".join(f"{score:.6f}\n" for score in scores))
   print(f"scored {len(scores)} lines -> {FLAGS.decode_to_file}", file=sys.stderr)
 
@@ -176,14 +181,15 @@ def main() -> None:
   options = decode_hparams(FLAGS.decode_hparams)
   if mode == "score":
     for key in sorted(_given_keys() - {"batch_size"}):
-        raise UsageError(f"--decode_hparams: {key} is not read with --score_file (forced "
-                         "decoding searches nothing); only batch_size is")
+      raise UsageError(f"--decode_hparams: {key} is not read with --score_file (forced "
+                       "decoding searches nothing); only batch_size is")
+  pairs = _score_pairs() if mode == "score" else []
   lines = read_lines(FLAGS.decode_from_file) if mode == "translate" else []
   if mode == "translate" and not lines:
     raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} is empty; nothing to decode")
   decoder, vocab, max_length = _engine(options)
   if mode == "score":
-    _score(decoder, vocab)
+    _score(decoder, vocab, pairs, options)
     return
   translate = Translator(decoder, vocab, max_length, options)
   if mode == "interactive":

@@ -116,7 +116,7 @@ def main() -> None:
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
   vocab_size = problem.vocab_size_in(data_dir)
   params = rundir.parameter_count(hparams, vocab_size)
-  accumulators = params * 4 if plan.accumulate_steps > 1 else 0
+  accumulators = params * 4 if plan.accumulation.needs_accumulators else 0
   summary = [f"hparams set: {hparams_set}"
              + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
              f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
@@ -138,12 +138,6 @@ def main() -> None:
   for split in ("train", "dev"):  # a clear error before anything is written
     problem.data_files(data_dir, split)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
-  if is_chief:
-    rundir.write_meta(FLAGS.output_dir, {
-        "hparams_set": hparams_set,
-        "problem": problem.name, "data_dir": os.path.abspath(data_dir),
-        "vocab_size": vocab_size, "hparams": hparams.values()})
-  print("\n".join(summary), flush=True)
   options = train.RunOptions(
       output_dir=FLAGS.output_dir, data_dir=data_dir, seed=FLAGS.random_seed,
       keep_checkpoint_max=FLAGS.keep_checkpoint_max,
@@ -157,8 +151,16 @@ def main() -> None:
       early_stopping_metric=FLAGS.eval_early_stopping_metric,
       early_stopping_delta=FLAGS.eval_early_stopping_metric_delta,
       warm_start_from=FLAGS.warm_start_from or "",
-      warm_start_optimizer=FLAGS.warm_start_optimizer)
+      warm_start_optimizer=FLAGS.warm_start_optimizer,
+      allow_hparams_change=FLAGS.allow_hparams_change)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
+  trainer.restore()  # a resume it refuses (another layout, say) writes nothing
+  if is_chief:
+    rundir.write_meta(FLAGS.output_dir, {
+        "hparams_set": hparams_set,
+        "problem": problem.name, "data_dir": os.path.abspath(data_dir),
+        "vocab_size": vocab_size, "hparams": hparams.values()})
+  print("\n".join(summary), flush=True)
   result = trainer.train()
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
         f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
