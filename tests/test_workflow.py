@@ -322,7 +322,7 @@ def test_schedule_resumes_exactly_mid_phase(scheduled_run, multi30k_data, tmp_pa
                            _model_values(output_dir)) <= 1e-6
 
 
-ELASTIC = "layer_prepostprocess_dropout=0,attention_dropout=0,relu_dropout=0"
+ELASTIC = "layer_prepostprocess_dropout=0.1"  # dropout on: the masks follow the stream too
 
 
 def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tmp_path):
