@@ -1,0 +1,153 @@
+"""Accumulation schedules (exact at their boundaries, resumable mid-phase) and elastic resume
+on another layout with the same tokens per update, through the real trainer CLI."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TINY_FLAGS, cli
+from test_workflow import _ends_in_usage_error, _usage_error
+
+
+def _hparams_flag(extra):
+  return f"--hparams=batch_size=512,max_length=64,{extra}"
+
+
+def _model_values(output_dir):
+  path = tf.train.latest_checkpoint(output_dir)
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
+          if name.startswith("model/") and name.endswith("VARIABLE_VALUE")}
+
+
+def _worst_difference(expected, got):
+  assert expected.keys() == got.keys() and len(expected) > 20
+  scale = max(float(np.abs(v).max()) for v in expected.values())
+  return max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale
+
+
+def _train(data_dir, output_dir, *args, env=None, check=True):
+  return cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={data_dir}",
+             f"--output_dir={output_dir}", "--local_eval_frequency=0", *args, env=env,
+             check=check)
+
+
+SCHEDULE = _hparams_flag("optimizer_multistep_accumulate_steps=1,"
+                         "optimizer_multistep_accumulate_schedule=1@0;2@2")
+
+
+@pytest.fixture(scope="module")
+def scheduled_run(multi30k_data, tmp_path_factory):
+  """4 updates with n=1 for updates 1-2 and n=2 for updates 3-4: 6 micro-steps."""
+  output_dir = str(tmp_path_factory.mktemp("scheduled") / "run")
+  result = _train(multi30k_data, output_dir, SCHEDULE, "--train_steps=4")
+  return {"output_dir": output_dir, "result": result}
+
+
+def test_schedule_dry_run_counts_micro_steps_per_phase():
+  out = cli("t2t-lite-trainer", "--dry_run", "--hparams_set=transformer_tiny",
+            "--train_steps=10", "--hparams=batch_size=512,max_length=64,"
+            "optimizer_multistep_accumulate_schedule=1@0;2@4;8@6", check=True).stdout
+  assert "updates 1-4: 1 micro-steps per update, 512 tokens per update, 4 micro-steps" in out
+  assert "updates 5-6: 2 micro-steps per update, 1024 tokens per update, 4 micro-steps" in out
+  assert "updates 7-10: 8 micro-steps per update, 4096 tokens per update, 32 micro-steps" in out
+  assert "micro-steps: 40\n" in out
+  # accumulators exist (once) even though the first phase has n=1
+  assert "accumulators: 0.0 MiB" not in out and "none with accumulate steps 1" not in out
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("2@1;4@5", "the first phase must start at update 0"),
+    ("1@0;2@5;4@5", "the updates must increase (5 after 5)"),
+    ("1@0;0@3", "n=0 must be at least 1"),
+    ("1@0;2@x", "'2@x' is not n@update"),
+    ("1@0,2@3", "separate the n@update pairs of optimizer_multistep_accumulate_schedule "
+     "with ';'"),
+])
+def test_schedule_usage_errors(schedule, message):
+  result = cli("t2t-lite-trainer", "--dry_run", "--hparams_set=transformer_tiny",
+               f"--hparams=optimizer_multistep_accumulate_schedule={schedule}")
+  _usage_error(result, message, "t2t-lite-trainer")
+
+
+def test_schedule_with_accumulate_steps_is_refused():
+  result = cli("t2t-lite-trainer", "--dry_run", "--hparams_set=transformer_base_fake_gpu8",
+               "--hparams=optimizer_multistep_accumulate_schedule=1@0;2@3")
+  _usage_error(result, "replaces optimizer_multistep_accumulate_steps=8; set "
+               "optimizer_multistep_accumulate_steps=1", "t2t-lite-trainer")
+
+
+def test_schedule_is_exact_at_its_boundary(scheduled_run, multi30k_data, tmp_path):
+  """The schedule run equals 2 updates at n=1 followed, on resume, by 2 at n=2."""
+  out = scheduled_run["result"]
+  assert "trained 4 updates (6 micro-steps)" in out.stdout, out.stdout
+  assert "accumulate steps 1 -> 2 from update 3 (1024 tokens per update)" in out.stderr
+  assert "update 3/4 (micro-step 4)" in out.stderr and "update 4/4 (micro-step 6)" in out.stderr
+  manual = str(tmp_path / "manual")
+  _train(multi30k_data, manual, _hparams_flag("optimizer_multistep_accumulate_steps=1"),
+         "--train_steps=2")
+  _train(multi30k_data, manual, _hparams_flag("optimizer_multistep_accumulate_steps=2"),
+         "--train_steps=4", "--allow_hparams_change")
+  assert _worst_difference(_model_values(scheduled_run["output_dir"]),
+                           _model_values(manual)) <= 1e-6
+  # The accumulators exist from the start, once: ckpt-2 (update 2, in the n=1 phase) holds
+  # one copy of them, as many as the model's variables.
+  names = [n for n, _ in tf.train.list_variables(
+      os.path.join(scheduled_run["output_dir"], "ckpt-2"))]
+  model = sum(n.startswith("model/") and n.endswith("VARIABLE_VALUE") for n in names)
+  assert model > 20 and sum(n.startswith("accumulator/gradients/") for n in names) == model
+
+
+def test_schedule_resumes_exactly_mid_phase(scheduled_run, multi30k_data, tmp_path):
+  """SIGTERM after micro-step 3 (the first of update 3's two): the resumed run ends where
+  the unbroken one did."""
+  output_dir = str(tmp_path / "run")
+  first = _train(multi30k_data, output_dir, SCHEDULE, "--train_steps=4",
+                 env=dict(os.environ, T2T_LITE_FAULT="signal:3"))
+  assert "trained 2 updates (3 micro-steps)" in first.stdout, first.stdout
+  _train(multi30k_data, output_dir, SCHEDULE, "--train_steps=4")
+  assert _worst_difference(_model_values(scheduled_run["output_dir"]),
+                           _model_values(output_dir)) <= 1e-6
+
+
+ELASTIC = "layer_prepostprocess_dropout=0.1"  # dropout on: the masks follow the stream too
+
+
+def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tmp_path):
+  """1 replica with n=4 for 2 updates, then 2 replicas with n=2 for 2 more, equals 1
+  replica with n=4 for 4 updates; a mid-update checkpoint, or other tokens per update, are
+  refused with what to do."""
+  one = _hparams_flag(f"optimizer_multistep_accumulate_steps=4,{ELASTIC}")
+  two = _hparams_flag(f"optimizer_multistep_accumulate_steps=2,{ELASTIC}")
+  mirrored = ["--strategy=mirrored", "--cpu_replicas=2"]
+  unmoved, moved = str(tmp_path / "unmoved"), str(tmp_path / "moved")
+  _train(multi30k_data, unmoved, one, "--train_steps=4")
+  _train(multi30k_data, moved, one, "--train_steps=2")
+  wrong = _train(multi30k_data, moved, _hparams_flag(
+      f"optimizer_multistep_accumulate_steps=4,{ELASTIC}"), *mirrored, "--train_steps=4",
+      check=False)
+  _ends_in_usage_error(wrong, "from 1 replica x 4 micro-steps per update to 2 replicas x 4 "
+                       "micro-steps per update changes the tokens per update from 2048 to "
+                       "4096; use optimizer_multistep_accumulate_steps=2")
+  result = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4")
+  assert ("resumed on another layout: from 1 replica x 4 micro-steps per update to 2 "
+          "replicas x 2 micro-steps per update (2048 tokens per update), at micro-batch 8"
+          ) in result.stderr, result.stderr[-3000:]
+  assert "replicas: 2" in result.stdout and "ckpt-16" in result.stdout
+  assert _worst_difference(_model_values(unmoved), _model_values(moved)) <= 1e-5
+
+  mid = str(tmp_path / "mid")
+  _train(multi30k_data, mid, one, "--train_steps=4",
+         env=dict(os.environ, T2T_LITE_FAULT="signal:6"))
+  before = {name: open(os.path.join(mid, name), "rb").read() for name in os.listdir(mid)
+            if os.path.isfile(os.path.join(mid, name))}
+  refused = _train(multi30k_data, mid, two, *mirrored, "--train_steps=4", check=False)
+  _ends_in_usage_error(refused, "was written mid-update (2 of 4 micro-steps of update 2) and "
+                       "cannot resume on another layout (from 1 replica x 4 micro-steps per "
+                       "update to 2 replicas x 2 micro-steps per update); resume it on its "
+                       "own layout with --train_steps=2")
+  after = {name: open(os.path.join(mid, name), "rb").read() for name in os.listdir(mid)
+           if os.path.isfile(os.path.join(mid, name))}
+  assert after == before  # hparams.json included: a refused resume writes nothing
