@@ -70,3 +70,14 @@ def tiny_run(multi30k_data, tmp_path_factory) -> dict:
   result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}",
                f"--output_dir={output_dir}", "--train_steps=4", check=True)
   return {"output_dir": output_dir, "data_dir": multi30k_data, "first": result}
+
+
+# Under pytest-xdist (--dist loadfile) whole files are handed to the processes in collection
+# order: the longest go first, so that none starts last and leaves the other process idle.
+LONGEST_FIRST = ("test_export.py", "test_schedule.py", "test_distribute.py",
+                 "test_reliability.py", "test_workflow.py", "test_translate_all.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))

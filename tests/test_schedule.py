@@ -117,17 +117,24 @@ ELASTIC = "layer_prepostprocess_dropout=0.1"  # dropout on: the masks follow the
 
 def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tmp_path):
   """1 replica with n=4 for 2 updates, then 2 replicas with n=2 for 2 more, equals 1
-  replica with n=4 for 4 updates; a mid-update checkpoint, or other tokens per update, are
-  refused with what to do."""
+  replica with n=4 for 4 updates. On the way, a mid-update checkpoint and other tokens per
+  update are refused with what to do, and what the first error says to do works."""
   one = _hparams_flag(f"optimizer_multistep_accumulate_steps=4,{ELASTIC}")
   two = _hparams_flag(f"optimizer_multistep_accumulate_steps=2,{ELASTIC}")
   mirrored = ["--strategy=mirrored", "--cpu_replicas=2"]
   unmoved, moved = str(tmp_path / "unmoved"), str(tmp_path / "moved")
   _train(multi30k_data, unmoved, one, "--train_steps=4")
-  _train(multi30k_data, moved, one, "--train_steps=2")
-  wrong = _train(multi30k_data, moved, _hparams_flag(
-      f"optimizer_multistep_accumulate_steps=4,{ELASTIC}"), *mirrored, "--train_steps=4",
-      check=False)
+  _train(multi30k_data, moved, one, "--train_steps=4",
+         env=dict(os.environ, T2T_LITE_FAULT="signal:6"))  # stops at micro-step 6 of 8
+  before = _files(moved)
+  refused = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4", check=False)
+  _ends_in_usage_error(refused, "was written mid-update (2 of 4 micro-steps of update 2) and "
+                       "cannot resume on another layout (from 1 replica x 4 micro-steps per "
+                       "update to 2 replicas x 2 micro-steps per update); resume it on its "
+                       "own layout with --train_steps=2")
+  assert _files(moved) == before  # hparams.json included: a refused resume writes nothing
+  _train(multi30k_data, moved, one, "--train_steps=2")  # as the error says: to the boundary
+  wrong = _train(multi30k_data, moved, one, *mirrored, "--train_steps=4", check=False)
   _ends_in_usage_error(wrong, "from 1 replica x 4 micro-steps per update to 2 replicas x 4 "
                        "micro-steps per update changes the tokens per update from 2048 to "
                        "4096; use optimizer_multistep_accumulate_steps=2")
@@ -138,16 +145,7 @@ def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tm
   assert "replicas: 2" in result.stdout and "ckpt-16" in result.stdout
   assert _worst_difference(_model_values(unmoved), _model_values(moved)) <= 1e-5
 
-  mid = str(tmp_path / "mid")
-  _train(multi30k_data, mid, one, "--train_steps=4",
-         env=dict(os.environ, T2T_LITE_FAULT="signal:6"))
-  before = {name: open(os.path.join(mid, name), "rb").read() for name in os.listdir(mid)
-            if os.path.isfile(os.path.join(mid, name))}
-  refused = _train(multi30k_data, mid, two, *mirrored, "--train_steps=4", check=False)
-  _ends_in_usage_error(refused, "was written mid-update (2 of 4 micro-steps of update 2) and "
-                       "cannot resume on another layout (from 1 replica x 4 micro-steps per "
-                       "update to 2 replicas x 2 micro-steps per update); resume it on its "
-                       "own layout with --train_steps=2")
-  after = {name: open(os.path.join(mid, name), "rb").read() for name in os.listdir(mid)
-           if os.path.isfile(os.path.join(mid, name))}
-  assert after == before  # hparams.json included: a refused resume writes nothing
+
+def _files(directory):
+  return {name: open(os.path.join(directory, name), "rb").read()
+          for name in os.listdir(directory) if os.path.isfile(os.path.join(directory, name))}
