@@ -23,6 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite import data as data_lib
+from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
 
 
@@ -45,8 +46,8 @@ class Evaluator:
     self.early_stopping_steps = early_stopping_steps
     self.early_stopping_delta = early_stopping_delta
     self.metric = early_stopping_metric if early_stopping_steps else "dev_bleu"
-    self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "eval"))
-    self.best = self._read_best()  # {"value", "update", "improved_at"} or None
+    self.best = self._read_best()
+    self._writer = None  # opened at the first evaluation: a refused run writes nothing  # {"value", "update", "improved_at"} or None
     self._bleu_inputs = None
 
   def dev_loss(self) -> float:
@@ -80,7 +81,9 @@ class Evaluator:
     results = {"dev_loss": loss, "dev_perplexity": math.exp(min(loss, 700.0))}
     if self.bleu_sentences > 0:
       results["dev_bleu"] = self.dev_bleu()
-    with self.writer.as_default(step=update):
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(os.path.join(self.output_dir, "eval"))
+    with self._writer.as_default(step=update):
       for name, value in results.items():
         tf.summary.scalar(name, value)
     if self.metric in results:
@@ -114,20 +117,32 @@ class Evaluator:
             f"at update {self.best['update']}, kept in {os.path.join(self.output_dir, 'best')})")
 
   def flush(self) -> None:
-    self.writer.flush()
+    if self._writer is not None:
+      self._writer.flush()
 
   # --- the best model ----------------------------------------------------------------
   def _read_best(self) -> dict | None:
-    """The best evaluation of this run so far, if it was judged by this run's metric."""
-    path = os.path.join(self.output_dir, "best", BEST_FILE)
-    if not os.path.isfile(path):
+    """The best evaluation of this run so far. One judged by another metric is refused, not
+    replaced: saving a new best model would delete the one kept."""
+    best_dir = os.path.join(self.output_dir, "best")
+    path, older = os.path.join(best_dir, BEST_FILE), os.path.join(best_dir, "bleu.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        best = json.load(f)
+    elif os.path.isfile(older):  # written before early stopping: the best by dev BLEU
+      with open(older) as f:
+        kept = json.load(f)
+      best = {"metric": "dev_bleu", "value": kept["bleu"], "update": kept["update"],
+              "improved_at": kept["update"], "checkpoint": kept.get("checkpoint")}
+    else:
       return None
-    with open(path) as f:
-      best = json.load(f)
     if best.get("metric") != self.metric:
-      logging.warning("%s judged the best model by %s; this run judges by %s and starts "
-                      "again", path, best.get("metric"), self.metric)
-      return None
+      how = ("--eval_early_stopping_steps=K --eval_early_stopping_metric=dev_loss"
+             if best.get("metric") == "dev_loss" else
+             "--eval_early_stopping_metric=dev_bleu (or no early stopping)")
+      raise UsageError(f"{best_dir} holds the best model by {best.get('metric')} and this run "
+                       f"judges by {self.metric}, which would replace it; resume with {how}, "
+                       f"or move {best_dir} away to keep it")
     return best
 
   def _save_best(self, update: int) -> None:

@@ -30,6 +30,7 @@ from absl import logging
 
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
+from t2t_lite import rundir
 from t2t_lite.checkpoints import Checkpoints, warm_start
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
@@ -137,11 +138,12 @@ class Trainer:
     self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
     self._restored = False
+    self._has_layout = True  # of the checkpoint restored (see _check_stream)
     self._slots = self._padding = 0  # token slots and padding of this worker's batches
     self.train_writer = tf.summary.create_noop_writer()
     self.evaluator = None
     if is_chief:
-      self.train_writer = tf.summary.create_file_writer(os.path.join(options.output_dir, "train"))
+      self.train_writer = None  # opened by train(), after the resume was accepted
       if options.local_eval_frequency:
         self.evaluator = Evaluator(
             self.learner, hparams, self.vocab, self.dev_files, options.output_dir,
@@ -182,6 +184,7 @@ class Trainer:
   def _check_stream(self, path: str) -> None:
     """Checkpoints from before the shared stream kept one data iterator per replica."""
     names = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+    self._has_layout = "layout" in names
     if "layout" not in names and ("iterator_1" in names or self.plan.replicas > 1):
       raise UsageError(
           f"checkpoint {path} was written by a t2t-lite whose replicas each read their own "
@@ -193,6 +196,15 @@ class Trainer:
     between updates, when the tokens per update stay the same; the micro-step counter is
     rescaled so that the run continues the same stream."""
     learner, plan = self.learner, self.plan
+    if not self._has_layout:  # written before layouts were recorded: on one replica
+      meta = rundir.read_meta(self.options.output_dir) or {}
+      recorded = meta.get("hparams", {}).get("optimizer_multistep_accumulate_steps")
+      derived = meta.get("hparams", {}).get("effective_batch_tokens")
+      if recorded is not None and not derived and recorded != learner.accumulate_steps():
+        raise UsageError(
+            f"checkpoint {path} predates recorded layouts and was trained with "
+            f"optimizer_multistep_accumulate_steps={recorded}; resume it with that value")
+      return
     old_replicas, old_steps = (int(x) for x in learner.layout.numpy())
     steps = learner.accumulate_steps()
     if (old_replicas, old_steps) == (plan.replicas, steps):
@@ -303,6 +315,9 @@ class Trainer:
   def train(self) -> dict:
     """Runs updates until --train_steps, the time budget, or a signal; returns a summary."""
     self.restore()
+    if self.train_writer is None:
+      self.train_writer = tf.summary.create_file_writer(
+          os.path.join(self.options.output_dir, "train"))
     for line in self.plan.lines():
       logging.info("%s", line)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -55,6 +55,14 @@ def test_early_stopping_stops_keeps_the_best_and_resumes_stopped(multi30k_data, 
   again = cli("t2t-lite-trainer", *args, check=True)
   assert "trained 3 updates (6 micro-steps)" in again.stdout
   assert "early stopping: dev_loss has not improved" in again.stdout
+  # Without early stopping the best model would be judged by dev BLEU: refused, not replaced.
+  best_dir = os.path.join(output_dir, "best")
+  kept = {name: open(os.path.join(best_dir, name), "rb").read() for name in os.listdir(best_dir)}
+  other = cli("t2t-lite-trainer", *args[:-2], "--train_steps=12")
+  _ends_in_usage_error(other, "holds the best model by dev_loss and this run judges by "
+                       "dev_bleu, which would replace it")
+  assert kept == {name: open(os.path.join(best_dir, name), "rb").read()
+                  for name in os.listdir(best_dir)}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -70,6 +78,13 @@ def test_early_stopping_stops_keeps_the_best_and_resumes_stopped(multi30k_data, 
 def test_early_stopping_usage_errors(args, message, tmp_path):
   result = cli("t2t-lite-trainer", "--output_dir=" + str(tmp_path / "run"), *args)
   _usage_error(result, message, "t2t-lite-trainer")
+
+
+def test_keeping_by_the_hour_needs_rotation(tmp_path):
+  result = cli("t2t-lite-trainer", "--output_dir=" + str(tmp_path / "run"),
+               "--keep_checkpoint_max=0", "--keep_checkpoint_every_n_hours=6")
+  _usage_error(result, "--keep_checkpoint_every_n_hours keeps checkpoints that "
+               "--keep_checkpoint_max rotates away", "t2t-lite-trainer")
 
 
 def test_checkpoints_by_time_and_kept_by_the_hour(multi30k_data, tmp_path):

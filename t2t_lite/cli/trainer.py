@@ -85,6 +85,10 @@ def main() -> None:
   if FLAGS.model:
     registry.models.canonical(FLAGS.model)
   _check_early_stopping()
+  if FLAGS.keep_checkpoint_every_n_hours and not FLAGS.keep_checkpoint_max:
+    raise UsageError("--keep_checkpoint_every_n_hours keeps checkpoints that "
+                     "--keep_checkpoint_max rotates away, and --keep_checkpoint_max=0 keeps "
+                     "them all; set --keep_checkpoint_max > 0, or drop it")
   if FLAGS.warm_start_optimizer and not FLAGS.warm_start_from:
     raise UsageError("--warm_start_optimizer is read only with --warm_start_from; set that "
                      "too, or drop it")
