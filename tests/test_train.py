@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def _scalars(directory):
   return found
 
 
-def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
+def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data, tmp_path):
   output_dir = tiny_run["output_dir"]
   first = tiny_run["first"]
   assert "tokens per update: 1024 (= 512 x 2 x 1)" in first.stdout
@@ -91,7 +92,10 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data):
   assert (best["metric"], best["update"]) == ("dev_bleu", 4)
   assert best["value"] == pytest.approx(evaluation["dev_bleu"][-1][1], abs=1e-3)
 
-  resumed = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={output_dir}",
+  # resumed in a copy: tiny_run is shared by other tests, which expect its 4 updates
+  copy = str(tmp_path / "run")
+  shutil.copytree(output_dir, copy)
+  resumed = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={copy}",
                 "--train_steps=5", "--local_eval_frequency=0", check=True)
   assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
   assert "update 5/5 (micro-step 10)" in resumed.stderr
