@@ -36,7 +36,8 @@ class Checkpoints:
     from a checkpoint (they keep their initial values), the others must all match."""
     self.objects, self.optional = objects, optional
     checkpoint = self.checkpoint = tf.train.Checkpoint(**objects)
-    self.before_restore = before_restore  # raises a UsageError for a checkpoint refused
+    # before_restore(path, its top-level names) raises a UsageError to refuse a checkpoint.
+    self.before_restore = before_restore
     self.strategy = strategy
     self.faults = faults or NoFaults()
     # keep = 0 keeps every checkpoint. keep_every_n_hours: of the checkpoints that rotation
@@ -62,9 +63,9 @@ class Checkpoints:
                   if at_most is None or checkpoint_number(p) <= at_most]
     for index, path in enumerate(candidates):
       try:
-        if self.before_restore is not None:
-          self.before_restore(path)
         stored = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        if self.before_restore is not None:
+          self.before_restore(path, stored)
         tf.train.Checkpoint(**{
             name: value for name, value in self.objects.items()
             if name in stored or name not in self.optional}).restore(

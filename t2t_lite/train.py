@@ -181,9 +181,8 @@ class Trainer:
         lambda context: batches[context.replica_id_in_sync_group])
 
   # --- checkpoints -------------------------------------------------------------------
-  def _check_stream(self, path: str) -> None:
+  def _check_stream(self, path: str, names: set[str]) -> None:
     """Checkpoints from before the shared stream kept one data iterator per replica."""
-    names = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
     self._has_layout = "layout" in names
     if "layout" not in names and ("iterator_1" in names or self.plan.replicas > 1):
       raise UsageError(
