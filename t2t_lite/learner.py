@@ -35,6 +35,18 @@ BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
 
 
+def apply_ops_by_device(concrete) -> dict:
+  """{device: fused Adam kernels} in a traced step (`concrete`: a ConcreteFunction; its cond
+  branches included). Under MirroredStrategy every device applies the update to its own copy
+  of each variable, so each device appears with one kernel per variable."""
+  graph = concrete.graph.as_graph_def()
+  counts = {}
+  for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
+    if node.op == "ResourceApplyAdam":
+      counts[node.device] = counts.get(node.device, 0) + 1
+  return counts
+
+
 class Learner:
   """Holds the trainable state and runs micro-steps and updates."""
 
@@ -157,7 +169,7 @@ class Learner:
         SUM, [(v, self.variables[0]) for v in values], options=options)
     self.reduction = {"tensors": len(values), "collective_ops": sum(
         op.type.startswith("Collective") for op in graph.get_operations()[first_new_op:])}
-    return [self.strategy.experimental_local_results(r)[0] for r in reduced]
+    return reduced  # a copy on every device of the variables (Mirrored)
 
   def _distributed_fused_step(self, batch):
     grads, loss, tokens = self.strategy.run(self._gradients, args=(batch,))
@@ -175,7 +187,17 @@ class Learner:
     return stats
 
   def _apply(self, grad_sums, loss_sum, tokens):
-    """Divides by the token count, clips, and applies Adam unless something is non-finite."""
+    """Divides by the token count, clips, and applies Adam unless something is non-finite:
+    on every device at once, each from its own copy of the summed gradients (as Keras
+    optimizers do), so no device waits for another's weights or slots to be copied over."""
+    stats = self.strategy.extended.update(
+        self.variables[0], self._apply_on_device, args=(grad_sums, loss_sum, tokens),
+        group=False)
+    return {name: per_device[0] for name, per_device in stats.items()}  # group=False: tuples
+
+  def _apply_on_device(self, _, grad_sums, loss_sum, tokens):
+    """The update on one device: the variables and slots read and written here are that
+    device's copies (inside strategy.extended.update)."""
     hparams = self.hparams
     denominator = tf.maximum(tokens, 1.0)
     grads = [g / denominator for g in grad_sums]

@@ -2,9 +2,9 @@
 
 Adam here is tensor2tensor's (tf.train.AdamOptimizer): bias-corrected step size
 lr * sqrt(1 - b2^t) / (1 - b1^t), epsilon outside the square root, t = updates so far + 1.
-It is written out (rather than taken from Keras) so that every gradient takes the same dense
-path, the step counter is ours, and the update runs in cross-replica context under any
-tf.distribute strategy.
+It is ours (rather than Keras's) so that every gradient takes the same dense path and the
+step counter is ours; under a tf.distribute strategy each device applies it to its own copy
+of the variables and slots (see learner.Learner._apply).
 """
 
 from __future__ import annotations
@@ -51,12 +51,16 @@ class Adam(tf.Module):
     self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
 
   def apply(self, grads, variables, lr):
+    """One Adam step for every variable, each one fused kernel (ResourceApplyAdam computes
+    exactly the step above). Under a distribution strategy, call it inside
+    `strategy.extended.update`: the handles are then those of the device being updated."""
     step = tf.cast(self.iterations + 1, tf.float32)
-    alpha = lr * tf.sqrt(1.0 - tf.pow(self.beta2, step)) / (1.0 - tf.pow(self.beta1, step))
+    beta1_power, beta2_power = tf.pow(self.beta1, step), tf.pow(self.beta2, step)
     for grad, var, m, v in zip(grads, variables, self.m, self.v):
-      m_new = m.assign(self.beta1 * m + (1.0 - self.beta1) * grad)
-      v_new = v.assign(self.beta2 * v + (1.0 - self.beta2) * tf.square(grad))
-      var.assign_sub(alpha * m_new / (tf.sqrt(v_new) + self.epsilon))
+      tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle,
+                                   beta1_power=beta1_power, beta2_power=beta2_power, lr=lr,
+                                   beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+                                   grad=grad)
     self.iterations.assign_add(1)
 
 

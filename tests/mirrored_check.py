@@ -1,5 +1,6 @@
 """Run as a script (it must split the CPU before TensorFlow starts): 2 replicas x b x n
-against 1 replica x 2b x n, with ragged batches. Prints the relative difference as JSON."""
+against 1 replica x 2b x n, with ragged batches. Prints the relative difference and the
+devices of the update's Adam kernels as JSON."""
 
 import json
 import sys
@@ -11,7 +12,7 @@ from t2t_lite.distribute import split_cpu  # noqa: E402
 
 split_cpu(2)
 from conftest import tiny_hparams  # noqa: E402
-from t2t_lite.learner import Learner  # noqa: E402
+from t2t_lite.learner import Learner, apply_ops_by_device  # noqa: E402
 from t2t_lite.equivalence import concat, ragged_batches, relative_difference  # noqa: E402
 from test_multistep import VOCAB  # noqa: E402
 
@@ -30,4 +31,6 @@ for step in range(accumulate_steps * updates):
       lambda context: pair[context.replica_id_in_sync_group]))
   one.step(concat(pair))
 print(json.dumps({"replicas": two.replicas, "updates": int(two.update_step.numpy()),
-                  "relative_difference": relative_difference(two, one)}))
+                  "relative_difference": relative_difference(two, one),
+                  "variables": len(two.variables),
+                  "apply_ops": apply_ops_by_device(two.update_fn.get_concrete_function())}))

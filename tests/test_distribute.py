@@ -26,6 +26,10 @@ def test_two_mirrored_replicas_equal_one_replica_with_double_batches():
   figures = json.loads(result.stdout.strip().splitlines()[-1])
   assert figures["replicas"] == 2 and figures["updates"] == 3
   assert figures["relative_difference"] < 1e-5, figures
+  # Adam runs on both devices, each on its own copy: one fused kernel per variable each.
+  devices = sorted(figures["apply_ops"])
+  assert [d.rsplit(":", 2)[-2:] for d in devices] == [["CPU", "0"], ["CPU", "1"]], figures
+  assert set(figures["apply_ops"].values()) == {figures["variables"]}, figures
 
 
 def _free_ports(count):

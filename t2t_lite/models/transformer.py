@@ -56,21 +56,42 @@ def causal_bias(length):
 def smoothed_cross_entropy(logits, targets, smoothing: float):
   """Label-smoothed cross-entropy per token, minus its minimum (tensor2tensor's), float32.
 
-  Uses -sum(q * log p) = (c - l) * nll - l * sum(log p), with c the confidence and l the
-  smoothed mass per other class, so no [B, T, V] one-hot is built.
+  With q the smoothed target distribution (confidence c on the target, l = smoothing / (V-1)
+  on every other class), -sum(q * log p) = (c - l) * nll - l * sum(log p), so no [B, T, V]
+  one-hot is built. The gradient is written out, dy * (softmax - q): one [B, T, V] tensor in
+  the backward pass, where automatic differentiation of the gather, the sums and the
+  log-sum-exp would build several (and densify the gather's gradient over all of them).
   """
   vocab = tf.cast(tf.shape(logits)[-1], tf.float32)
   confidence = 1.0 - smoothing
   low = smoothing / (vocab - 1.0)
-  normalizing = -(confidence * tf.math.log(confidence) +
-                  (vocab - 1.0) * low * tf.math.log(low + 1e-20))
-  log_z = tf.reduce_logsumexp(logits, axis=-1)
-  target_logit = tf.gather(logits, targets[..., None], batch_dims=2)[..., 0]
-  nll = log_z - target_logit
-  if smoothing == 0.0:
-    return nll
-  sum_log_p = tf.reduce_sum(logits, axis=-1) - vocab * log_z
-  return (confidence - low) * nll - low * sum_log_p - normalizing
+  normalizing = 0.0
+  if smoothing > 0.0:
+    normalizing = -(confidence * tf.math.log(confidence) +
+                    (vocab - 1.0) * low * tf.math.log(low + 1e-20))
+  rows = tf.reshape(targets, [-1])
+  index = tf.stack([tf.range(tf.size(rows)), rows], axis=1)  # [B * T, 2]: (token, its target)
+
+  @tf.custom_gradient
+  def loss(logits):
+    log_z = tf.reduce_logsumexp(logits, axis=-1)
+    flat = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
+    target_logit = tf.reshape(tf.gather_nd(flat, index), tf.shape(targets))
+    per_token = log_z - target_logit
+    if smoothing > 0.0:
+      sum_log_p = tf.reduce_sum(logits, axis=-1) - vocab * log_z
+      per_token = (confidence - low) * per_token - low * sum_log_p - normalizing
+
+    def grad(dy):
+      # dL/dz = softmax(z) - q, with q = l everywhere and c on the target (c + (V-1) l = 1).
+      g = (tf.exp(logits - log_z[..., None]) - low) * dy[..., None]
+      g = tf.reshape(g, tf.shape(flat))
+      g = tf.tensor_scatter_nd_sub(g, index, tf.reshape(dy, [-1]) * (confidence - low))
+      return tf.reshape(g, tf.shape(logits))
+
+    return per_token, grad
+
+  return loss(logits)
 
 
 class Block(tf.Module):
