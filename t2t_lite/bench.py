@@ -103,6 +103,76 @@ def worker_train(spec: dict) -> dict:
   return result
 
 
+# Name scopes of the model (layers.py, transformer.py, optimize.py); gradient ops carry them.
+PROFILE_SCOPES = ("cross_entropy", "softmax", "layer_norm", "dropout", "adam")
+
+
+def op_breakdown(xspace_path: str) -> dict:
+  """Seconds of TensorFlow op kernels in a profile, by group: matmuls (by op type), then the
+  model's name scopes (forward and gradient ops), then everything else (elementwise,
+  reshapes, embedding gathers, accumulation, the cross-replica sum)."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2
+  space = xplane_pb2.XSpace()
+  with open(xspace_path, "rb") as f:
+    space.ParseFromString(f.read())
+  import re
+  scope = re.compile(r"(?:^|/)(%s)(?:_\d+)?/" % "|".join(PROFILE_SCOPES))
+  groups = dict.fromkeys(("matmul", *PROFILE_SCOPES, "other"), 0.0)
+  types = {}
+  executing = 0.0  # seconds the Python thread spent inside function executions
+  for plane in space.planes:
+    for line in plane.lines:
+      if line.name == "python":
+        executing += sum(e.duration_ps * 1e-12 for e in line.events if plane.event_metadata[
+            e.metadata_id].name.startswith("EagerLocalExecute: __inference"))
+      if not line.name.startswith("tf_Compute"):  # the executor threads: one event per op
+        continue
+      for event in line.events:
+        name, _, op_type = plane.event_metadata[event.metadata_id].name.rpartition(":")
+        if not name or name.startswith("ExecutorState"):
+          continue
+        found = scope.search(name)
+        group = "matmul" if "MatMul" in op_type or op_type == "Einsum" else found.group(1) if found else "other"
+        groups[group] += event.duration_ps * 1e-12
+        types[op_type] = types.get(op_type, 0.0) + event.duration_ps * 1e-12
+  return groups, types, executing
+
+
+def worker_profile(spec: dict) -> dict:
+  """Where a micro-step's time goes: TensorFlow's profiler over `micro_steps` steady-state
+  micro-steps; op time by group and by op type (shares of all op time; ops running at once on
+  several cores overlap), and the host's share (wall time no step function was executing)."""
+  import glob
+  import tempfile
+  tf = _tf()
+  from t2t_lite import registry
+  from t2t_lite.learner import Learner
+  hparams = registry.hparams(spec["hparams_set"])
+  hparams.parse(spec.get("hparams", ""))
+  n, vocab = spec["n"], spec.get("vocab", 8000)
+  learner = Learner(hparams, vocab, n, seed=1)
+  batches = [synthetic_batch(spec["rows"], spec["length"], vocab, seed=i) for i in range(4)]
+  for i in range(2 * n):
+    learner.step(batches[i % 4])
+  learner.update_step.numpy()
+  with tempfile.TemporaryDirectory() as logdir:
+    tf.profiler.experimental.start(logdir)
+    start = time.perf_counter()
+    for i in range(spec["micro_steps"]):
+      learner.step(batches[i % 4])
+    learner.update_step.numpy()
+    wall = time.perf_counter() - start
+    tf.profiler.experimental.stop()
+    groups, types, executing = op_breakdown(sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"),
+                                           recursive=True))[-1])
+  total = sum(groups.values())
+  top = sorted(types.items(), key=lambda item: -item[1])[:8]
+  return {"seconds_per_micro_step": wall / spec["micro_steps"],
+          "host_share": max(0.0, 1.0 - executing / wall),
+          "shares": {k: v / total for k, v in groups.items()},
+          "op_types": {k: v / total for k, v in top}}
+
+
 def worker_keras(spec: dict) -> dict:
   """Keras 3 Adam(gradient_accumulation_steps=n) against ours, on ragged micro-batches."""
   tf = _tf()
@@ -273,7 +343,7 @@ def worker_cluster(spec: dict) -> dict:
 
 WORKERS = {"train": worker_train, "cluster_member": worker_cluster_member,
            "cluster": worker_cluster, "keras": worker_keras, "keras_speed": worker_keras_speed,
-           "decode": worker_decode, "pipeline": worker_pipeline}
+           "decode": worker_decode, "pipeline": worker_pipeline, "profile": worker_profile}
 
 
 # --- the suite ----------------------------------------------------------------------------

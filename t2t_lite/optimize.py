@@ -54,14 +54,15 @@ class Adam(tf.Module):
     """One Adam step for every variable, each one fused kernel (ResourceApplyAdam computes
     exactly the step above). Under a distribution strategy, call it inside
     `strategy.extended.update`: the handles are then those of the device being updated."""
-    step = tf.cast(self.iterations + 1, tf.float32)
-    beta1_power, beta2_power = tf.pow(self.beta1, step), tf.pow(self.beta2, step)
-    for grad, var, m, v in zip(grads, variables, self.m, self.v):
-      tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle,
-                                   beta1_power=beta1_power, beta2_power=beta2_power, lr=lr,
-                                   beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
-                                   grad=grad)
-    self.iterations.assign_add(1)
+    with tf.name_scope("adam"):
+      step = tf.cast(self.iterations + 1, tf.float32)
+      beta1_power, beta2_power = tf.pow(self.beta1, step), tf.pow(self.beta2, step)
+      for grad, var, m, v in zip(grads, variables, self.m, self.v):
+        tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle,
+                                     beta1_power=beta1_power, beta2_power=beta2_power, lr=lr,
+                                     beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+                                     grad=grad)
+      self.iterations.assign_add(1)
 
 
 class GradientAccumulator(tf.Module):

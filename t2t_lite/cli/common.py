@@ -16,6 +16,11 @@ from absl import app, flags, logging
 
 from t2t_lite.errors import RunError, UsageError
 
+# TensorFlow uses its oneDNN kernels by default only on some x86 CPUs; on an AVX2-only AMD EPYC
+# they were off, and turning them on trained transformer_multi30k_cpu 5-11% faster (same
+# memory). Set before TensorFlow is imported; a user's own TF_ENABLE_ONEDNN_OPTS wins.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 flags.DEFINE_bool("debug", False, "Print Python tracebacks for usage and run errors.")
 FLAGS = flags.FLAGS
 

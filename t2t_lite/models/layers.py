@@ -31,19 +31,30 @@ def dropout(x, rate: float, seeds: SeedStream | None):
   rest by 1 / keep probability.
 
   Each random 32-bit word gives the masks of two elements (its two 16-bit halves): half the
-  random numbers of one word per element. The mask is applied by one multiplication, which
-  is also the whole backward pass.
+  random numbers of one word per element. The backward pass keeps only the boolean mask
+  (1 byte per element) and applies it the same way.
   """
   if seeds is None or seeds._seed is None or rate <= 0.0:
     return x
+  with tf.name_scope("dropout"):
+    return _dropout(x, rate, seeds)
+
+
+def _dropout(x, rate, seeds):
   threshold = min(int(round(rate * 65536)), 65535)
   size = tf.size(x)
   words = tf.random.stateless_uniform([(size + 1) // 2], seeds.next(), minval=None,
                                       maxval=None, dtype=tf.int32)
   halves = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
   keep = tf.reshape(halves >= tf.constant(threshold, tf.uint16), tf.shape(x))
-  scale = tf.constant(65536.0 / (65536 - threshold), x.dtype)
-  return x * tf.where(keep, scale, tf.zeros([], x.dtype))
+  scale = 65536.0 / (65536 - threshold)
+
+  @tf.custom_gradient
+  def masked(x):
+    apply = lambda t: tf.where(keep, t, tf.zeros([], t.dtype)) * tf.cast(scale, t.dtype)  # noqa: E731
+    return apply(x), apply
+
+  return masked(x)
 
 
 class Initializer:
@@ -78,7 +89,9 @@ class Dense(tf.Module):
 
 
 class LayerNorm(tf.Module):
-  """Layer normalization computed in float32."""
+  """Layer normalization computed in float32, with its gradient written out: the backward
+  pass keeps only the normalized input and 1 / standard deviation, and needs no reduction
+  over the batch beyond the two for the scale and bias."""
 
   def __init__(self, dim: int, epsilon: float, name: str):
     super().__init__(name=name)
@@ -87,10 +100,27 @@ class LayerNorm(tf.Module):
     self.epsilon = epsilon
 
   def __call__(self, x):
+    with tf.name_scope("layer_norm"):
+      return self._normalize(x, self.scale, self.bias)
+
+  @tf.custom_gradient
+  def _normalize(self, x, scale, bias):
     x32 = tf.cast(x, tf.float32)
     mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
-    y = (x32 - mean) * tf.math.rsqrt(variance + self.epsilon) * self.scale + self.bias
-    return tf.cast(y, x.dtype)
+    inverse = tf.math.rsqrt(variance + self.epsilon)
+    normalized = (x32 - mean) * inverse
+    y = tf.cast(normalized * scale + bias, x.dtype)
+
+    def grad(dy):
+      dy = tf.cast(dy, tf.float32)
+      rows = tf.range(tf.rank(dy) - 1)
+      d_normalized = dy * scale
+      dx = inverse * (d_normalized - tf.reduce_mean(d_normalized, -1, keepdims=True) -
+                      normalized * tf.reduce_mean(d_normalized * normalized, -1, keepdims=True))
+      return (tf.cast(dx, x.dtype), tf.reduce_sum(dy * normalized, rows),
+              tf.reduce_sum(dy, rows))
+
+    return y, grad
 
 
 def timing_signal(positions, channels: int, min_timescale=1.0, max_timescale=1.0e4):
@@ -167,7 +197,8 @@ class Attention(tf.Module):
       k, v = self.memory_kv(memory)
     depth = self.hidden // self.num_heads
     logits = tf.matmul(q * tf.cast(depth ** -0.5, q.dtype), k, transpose_b=True)
-    weights = tf.nn.softmax(tf.cast(logits, tf.float32) + bias)
+    with tf.name_scope("softmax"):
+      weights = tf.nn.softmax(tf.cast(logits, tf.float32) + bias)
     weights = dropout(tf.cast(weights, x.dtype), rate, seeds)
     y = self.output(merge_heads(tf.matmul(weights, v), self.hidden))
     return tf.reshape(y, shape), new_cache

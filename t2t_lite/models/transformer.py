@@ -58,40 +58,44 @@ def smoothed_cross_entropy(logits, targets, smoothing: float):
 
   With q the smoothed target distribution (confidence c on the target, l = smoothing / (V-1)
   on every other class), -sum(q * log p) = (c - l) * nll - l * sum(log p), so no [B, T, V]
-  one-hot is built. The gradient is written out, dy * (softmax - q): one [B, T, V] tensor in
-  the backward pass, where automatic differentiation of the gather, the sums and the
-  log-sum-exp would build several (and densify the gather's gradient over all of them).
+  one-hot is built. One fused kernel gives the negative log-likelihood and its gradient
+  softmax - onehot together; the gradient of the smoothed loss, dy * (softmax - q), is
+  written out from it. The backward pass then holds one [B, T, V] tensor and not the logits,
+  where automatic differentiation of a log-sum-exp, sums and a gather would keep several
+  (and densify the gather's gradient over all of them).
   """
-  vocab = tf.cast(tf.shape(logits)[-1], tf.float32)
-  confidence = 1.0 - smoothing
-  low = smoothing / (vocab - 1.0)
-  normalizing = 0.0
-  if smoothing > 0.0:
-    normalizing = -(confidence * tf.math.log(confidence) +
-                    (vocab - 1.0) * low * tf.math.log(low + 1e-20))
+  vocab = tf.shape(logits)[-1]
+  flat = tf.reshape(logits, [-1, vocab])
   rows = tf.reshape(targets, [-1])
-  index = tf.stack([tf.range(tf.size(rows)), rows], axis=1)  # [B * T, 2]: (token, its target)
+  confidence = 1.0 - smoothing
+  low = smoothing / (tf.cast(vocab, tf.float32) - 1.0)
 
   @tf.custom_gradient
-  def loss(logits):
-    log_z = tf.reduce_logsumexp(logits, axis=-1)
-    flat = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
-    target_logit = tf.reshape(tf.gather_nd(flat, index), tf.shape(targets))
-    per_token = log_z - target_logit
+  def loss(flat):
+    nll, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=flat, labels=rows)
     if smoothing > 0.0:
-      sum_log_p = tf.reduce_sum(logits, axis=-1) - vocab * log_z
-      per_token = (confidence - low) * per_token - low * sum_log_p - normalizing
+      # sum(log p) = sum(z) - V log Z, and log Z = nll + z_target.
+      index = tf.stack([tf.range(tf.size(rows)), rows], axis=1)
+      log_z = nll + tf.gather_nd(flat, index)
+      sum_log_p = tf.reduce_sum(flat, axis=-1) - tf.cast(vocab, tf.float32) * log_z
+      normalizing = -(confidence * tf.math.log(confidence) +
+                      (tf.cast(vocab, tf.float32) - 1.0) * low * tf.math.log(low + 1e-20))
+      per_token = (confidence - low) * nll - low * sum_log_p - normalizing
+    else:
+      per_token = nll
 
     def grad(dy):
-      # dL/dz = softmax(z) - q, with q = l everywhere and c on the target (c + (V-1) l = 1).
-      g = (tf.exp(logits - log_z[..., None]) - low) * dy[..., None]
-      g = tf.reshape(g, tf.shape(flat))
-      g = tf.tensor_scatter_nd_sub(g, index, tf.reshape(dy, [-1]) * (confidence - low))
-      return tf.reshape(g, tf.shape(logits))
+      g = backprop
+      if smoothing > 0.0:
+        # softmax - q = (softmax - onehot) - l + (1 - c + l) onehot
+        g = tf.tensor_scatter_nd_add(g - low, index,
+                                     tf.fill(tf.shape(rows), 1.0 - confidence + low))
+      return g * tf.reshape(dy, [-1, 1])
 
     return per_token, grad
 
-  return loss(logits)
+  with tf.name_scope("cross_entropy"):
+    return tf.reshape(loss(flat), tf.shape(targets))
 
 
 class Block(tf.Module):
