@@ -33,6 +33,8 @@ PACK_BYTES = 32 * 2 ** 20
 MIN_LOSS_SCALE = 1.0
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
+FLAGS_SPEC = tf.TensorSpec([2], tf.float32)
+NO_FLAGS = (0.0, 0.0)
 
 
 def apply_ops_by_device(concrete) -> dict:
@@ -45,6 +47,75 @@ def apply_ops_by_device(concrete) -> dict:
     if node.op == "ResourceApplyAdam":
       counts[node.device] = counts.get(node.device, 0) + 1
   return counts
+
+
+class Window(tf.Module):
+  """What the training loop reports about the updates since it last looked, kept on the
+  device(s) and written inside the compiled update, so that the host reads nothing between
+  its log lines (see Learner.read_window). Not checkpointed: a resumed run starts a new
+  window. `padding`/`slots` are summed per replica (each counts its own batches)."""
+
+  COUNTS = ("attempts", "updates", "skipped", "overflows", "consecutive", "last_skip_update",
+            "last_skip_micro_step")
+  SUMS = ("loss", "tokens", "learning_rate", "grad_norm")
+
+  def __init__(self):
+    super().__init__(name="window")
+    first = dict(trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    for name in self.COUNTS:
+      setattr(self, name, tf.Variable(0, dtype=tf.int64, name=name, **first))
+    for name in self.SUMS:
+      setattr(self, name, tf.Variable(0.0, name=name, **first))
+    local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                 aggregation=tf.VariableAggregation.SUM)
+    self.padding = tf.Variable(0.0, name="padding", **local)
+    self.slots = tf.Variable(0.0, name="slots", **local)
+    # The cross-replica sum of the flags of the last update (multi-worker stop agreement).
+    self.agreed = tf.Variable([0.0, 0.0], name="agreed", **first)
+
+  def count_batch(self, batch) -> None:
+    """Padding and token slots of one replica's micro-batch."""
+    for ids in (batch["inputs"], batch["targets"]):
+      size = tf.cast(tf.size(ids), tf.float32)
+      self.padding.assign_add(size - tf.cast(tf.math.count_nonzero(ids), tf.float32))
+      self.slots.assign_add(size)
+
+  def record(self, stats, micro_step, update, flags) -> None:
+    """One update's outcome (on one device, inside strategy.extended.update)."""
+    finite, overflow = stats["finite"], stats["overflow"]
+    nonfinite = ~finite & ~overflow
+    count = lambda flag: tf.cast(flag, tf.int64)  # noqa: E731
+    self.attempts.assign_add(1)
+    self.updates.assign_add(count(finite))
+    self.skipped.assign_add(count(nonfinite))
+    self.overflows.assign_add(count(overflow))
+    # An absorbed float16 overflow neither breaks nor extends a run of non-finite updates.
+    self.consecutive.assign(tf.where(finite, tf.constant(0, tf.int64),
+                                     self.consecutive + count(nonfinite)))
+    self.last_skip_update.assign(tf.where(nonfinite, update, self.last_skip_update))
+    self.last_skip_micro_step.assign(tf.where(nonfinite, micro_step, self.last_skip_micro_step))
+    self.loss.assign_add(tf.where(finite, stats["loss"], 0.0))
+    self.tokens.assign_add(tf.where(finite, stats["tokens"], 0.0))
+    for name in ("learning_rate", "grad_norm"):  # of the last applied update
+      getattr(self, name).assign(tf.where(finite, stats[name], getattr(self, name)))
+    self.agreed.assign(flags)
+
+  def take(self) -> dict:
+    """The statistics, then a new window (the run of non-finite updates and the last
+    update's learning rate and norm carry over). Cross-replica context."""
+    values = {name: getattr(self, name).read_value() for name in self.COUNTS + self.SUMS}
+    values["padding"], values["slots"] = self.padding.read_value(), self.slots.read_value()
+    with tf.control_dependencies(list(values.values())):
+      for name in ("attempts", "updates", "skipped", "overflows"):
+        getattr(self, name).assign(tf.constant(0, tf.int64))
+      for name in ("loss", "tokens"):
+        getattr(self, name).assign(0.0)
+    return values
+
+  def reset_counts(self) -> None:
+    """Replica context: this replica's padding counts back to 0."""
+    self.padding.assign(0.0)
+    self.slots.assign(0.0)
 
 
 class Learner:
@@ -65,6 +136,7 @@ class Learner:
                                                  hparams.relu_dropout))
     self.faults = faults or faults_lib.NoFaults()
     self._position = self._updates_done = None  # host mirrors of in_update and update_step
+    self._attempts = 0
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
       self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
@@ -83,6 +155,7 @@ class Learner:
                                 **counter)
       self.accumulator = (GradientAccumulator(self.variables)
                           if self.schedule.needs_accumulators else None)
+      self.window = Window()
       # float16 needs loss scaling; bfloat16 has float32's range and does not.
       self.loss_scale = None
       if compute_dtype(hparams) == tf.float16:
@@ -92,12 +165,16 @@ class Learner:
     # Per-replica inputs are DistributedValues, which a TensorSpec signature cannot take.
     # No autograph: the steps branch on tensors only through explicit tf.cond, and
     # converting every layer's Python source took most of a small model's first trace.
+    # `flags` [stop, save] of this process ride in the update's cross-replica sum (the
+    # multi-worker stop agreement); the sum lands in window.agreed.
     signature = None if self.replicas > 1 else [BATCH_SPEC]
-    compile_fn = lambda fn: tf.function(fn, input_signature=signature,  # noqa: E731
-                                        reduce_retracing=True, autograph=False)
-    self.micro_step_fn = compile_fn(self._distributed_micro_step)
-    self.fused_step_fn = compile_fn(self._distributed_fused_step)
-    self.update_fn = tf.function(self._update, autograph=False)
+    compile_fn = lambda fn, signature: tf.function(  # noqa: E731
+        fn, input_signature=signature, reduce_retracing=True, autograph=False)
+    self.micro_step_fn = compile_fn(self._distributed_micro_step, signature)
+    self.fused_step_fn = compile_fn(self._distributed_fused_step,
+                                    signature and [BATCH_SPEC, FLAGS_SPEC])
+    self.update_fn = compile_fn(self._update, [FLAGS_SPEC])
+    self.take_window_fn = tf.function(self._take_window, autograph=False)
     self.eval_fn = tf.function(self._eval_loss, input_signature=[BATCH_SPEC], autograph=False)
 
   # --- state -------------------------------------------------------------------------
@@ -149,6 +226,11 @@ class Learner:
   def _accumulate(self, batch):
     grads, loss, tokens = self._gradients(batch)
     self.accumulator.add(grads, loss, tokens)
+    self.window.count_batch(batch)
+
+  def _fused_gradients(self, batch, flags):
+    self.window.count_batch(batch)
+    return (*self._gradients(batch), tf.identity(flags))
 
   # --- across replicas ---------------------------------------------------------------
   def _distributed_micro_step(self, batch):
@@ -171,31 +253,40 @@ class Learner:
         op.type.startswith("Collective") for op in graph.get_operations()[first_new_op:])}
     return reduced  # a copy on every device of the variables (Mirrored)
 
-  def _distributed_fused_step(self, batch):
-    grads, loss, tokens = self.strategy.run(self._gradients, args=(batch,))
-    *grads, loss, tokens = self._sum_over_replicas([*grads, loss, tokens])
-    stats = self._apply(grads, loss, tokens)
+  def _distributed_fused_step(self, batch, flags):
+    grads, loss, tokens, flags = self.strategy.run(self._fused_gradients, args=(batch, flags))
+    *grads, loss, tokens, flags = self._sum_over_replicas([*grads, loss, tokens, flags])
+    stats = self._apply(grads, loss, tokens, flags, self.micro_step + 1)
     self.micro_step.assign_add(1)
     return stats
 
-  def _update(self):
+  def _update(self, flags):
     acc = self.accumulator
-    *grads, loss, tokens = self._sum_over_replicas([*acc.gradients, acc.loss, acc.tokens])
-    stats = self._apply(grads, loss, tokens)
+    flags = self.strategy.run(tf.identity, args=(flags,))  # one copy per replica
+    *grads, loss, tokens, flags = self._sum_over_replicas(
+        [*acc.gradients, acc.loss, acc.tokens, flags])
+    stats = self._apply(grads, loss, tokens, flags, self.micro_step)
     self.strategy.run(acc.reset)
     self.in_update.assign(0)
     return stats
 
-  def _apply(self, grad_sums, loss_sum, tokens):
+  def _take_window(self):
+    values = self.window.take()
+    with tf.control_dependencies(list(values.values())):
+      self.strategy.run(self.window.reset_counts)
+    return {**values, "updates_done": self.update_step.read_value(),
+            "micro_step": self.micro_step.read_value()}
+
+  def _apply(self, grad_sums, loss_sum, tokens, flags, micro_step):
     """Divides by the token count, clips, and applies Adam unless something is non-finite:
     on every device at once, each from its own copy of the summed gradients (as Keras
     optimizers do), so no device waits for another's weights or slots to be copied over."""
     stats = self.strategy.extended.update(
-        self.variables[0], self._apply_on_device, args=(grad_sums, loss_sum, tokens),
-        group=False)
+        self.variables[0], self._apply_on_device,
+        args=(grad_sums, loss_sum, tokens, flags, micro_step), group=False)
     return {name: per_device[0] for name, per_device in stats.items()}  # group=False: tuples
 
-  def _apply_on_device(self, _, grad_sums, loss_sum, tokens):
+  def _apply_on_device(self, _, grad_sums, loss_sum, tokens, flags, micro_step):
     """The update on one device: the variables and slots read and written here are that
     device's copies (inside strategy.extended.update)."""
     hparams = self.hparams
@@ -205,7 +296,8 @@ class Learner:
     finite = tf.math.is_finite(norm) & tf.math.is_finite(loss_sum)
     if hparams.clip_grad_norm > 0:
       grads, _ = tf.clip_by_global_norm(grads, hparams.clip_grad_norm, use_norm=norm)
-    lr = learning_rate(hparams, self.adam.iterations + 1)
+    update = self.adam.iterations + 1
+    lr = learning_rate(hparams, update)
 
     def apply():
       self.adam.apply(grads, self.variables, lr)
@@ -223,8 +315,10 @@ class Learner:
       # scale nothing is left to lower, and it counts as non-finite.
       overflow = tf.math.is_finite(loss_sum) & ~finite & (self.loss_scale > MIN_LOSS_SCALE)
       self._adjust_loss_scale(finite)
-    return {"loss": loss_sum / denominator, "grad_norm": norm, "learning_rate": lr,
-            "tokens": tokens, "finite": finite, "overflow": overflow}
+    stats = {"loss": loss_sum / denominator, "grad_norm": norm, "learning_rate": lr,
+             "tokens": tokens, "finite": finite, "overflow": overflow}
+    self.window.record(stats, micro_step, update, flags)
+    return stats
 
   def _adjust_loss_scale(self, finite):
     """Dynamic loss scaling: halve on overflow, double after 2000 good updates."""
@@ -241,11 +335,18 @@ class Learner:
     return self.model.loss(batch["inputs"], batch["targets"], smoothing=0.0)
 
   # --- the public steps --------------------------------------------------------------
+  # The host keeps mirrors of the device counters, so that a micro-step reads nothing from
+  # the device: `_updates_done` is the update count last read, `_attempts` the updates tried
+  # since (applied unless a non-finite one was skipped; read_window says which).
   def accumulate_steps(self, update: int | None = None) -> int:
     """Micro-steps of update `update` (1-based; default: the update in progress)."""
     if update is None:
       self._sync_host()
-      update = self._updates_done + 1
+      if self._attempts and (self.schedule.steps_for(self._updates_done + 1) !=
+                             self.schedule.steps_for(self._updates_done + self._attempts + 1)):
+        # A phase boundary lies within reach: whether updates were skipped decides n.
+        self._confirm(int(self.update_step.numpy()))
+      update = self._updates_done + self._attempts + 1
     return self.schedule.steps_for(update)
 
   def position(self) -> int:
@@ -255,33 +356,55 @@ class Learner:
 
   def _sync_host(self) -> None:
     if self._position is None:  # read once after (re)start
-      self._updates_done = int(self.update_step.numpy())
+      self._confirm(int(self.update_step.numpy()))
       position = int(self.in_update.numpy())
       if position < 0:  # a checkpoint from before in_update: n was constant
         position = int(self.micro_step.numpy()) % self.schedule.steps_for(self._updates_done + 1)
         self.in_update.assign(position)
       self._position = position
 
+  def _confirm(self, updates_done: int) -> None:
+    self._updates_done, self._attempts = updates_done, 0
+
   def record_layout(self) -> None:
     """Before a save: the layout the checkpoint is written on."""
     self.layout.assign([self.replicas, self.accumulate_steps()])
 
-  def step(self, batch):
-    """One micro-step; returns the update's statistics when it completed an update."""
+  def step(self, batch, flags=NO_FLAGS):
+    """One micro-step; returns the update's statistics (device tensors, not read) when it
+    completed an update, else None. `flags` (stop, save) of this process are summed over all
+    replicas in the update (see read_agreed)."""
     steps = self.accumulate_steps()
     if steps == 1 and self._position == 0:
-      stats = self.fused_step_fn(batch)
+      stats = self.fused_step_fn(batch, tf.constant(flags, tf.float32))
     else:
       self.micro_step_fn(batch)
       self._position += 1
       if self._position < steps:
         return None
-      stats = self.update_fn()
+      stats = self.update_fn(tf.constant(flags, tf.float32))
       self._position = 0
-    if self.schedule.varies:  # the next update's n depends on whether this one was applied
-      self._updates_done += int(bool(stats["finite"]))
+    self._attempts += 1
     return stats
+
+  def read_window(self) -> dict:
+    """The statistics of the updates since the last call, read from the device at once (as
+    Python numbers), and a new window begun: updates_done, micro_step, attempts, updates
+    (applied), skipped (non-finite), overflows (absorbed float16 overflows), consecutive
+    (non-finite in a row), last_skip_update/_micro_step, loss (sum of the applied updates'
+    mean losses), tokens, learning_rate and grad_norm (of the last applied update), padding
+    and slots (token slots of the micro-batches)."""
+    self._sync_host()
+    values = {name: value.numpy().item() for name, value in self.take_window_fn().items()}
+    self._confirm(values["updates_done"])
+    return values
+
+  def read_agreed(self) -> tuple[bool, bool]:
+    """(stop, save): whether any process asked for them in the last update's flags."""
+    stop, save = self.window.agreed.numpy()
+    return bool(stop > 0), bool(save > 0)
 
   def forget_host_counters(self) -> None:
     """Call after restoring a checkpoint: the counters are re-read on the next step."""
     self._position = self._updates_done = None
+    self._attempts = 0

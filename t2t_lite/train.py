@@ -34,7 +34,7 @@ from t2t_lite import rundir
 from t2t_lite.checkpoints import Checkpoints, warm_start
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
-from t2t_lite.learner import Learner
+from t2t_lite.learner import NO_FLAGS, Learner
 from t2t_lite.steps import BatchPlan
 
 
@@ -78,33 +78,23 @@ def every(count: int, update: int) -> bool:
 
 
 class NonFiniteGuard:
-  """Counts updates skipped for a non-finite loss or gradient; stops a diverging run.
-
-  A float16 overflow that the loss scale can still absorb (the scale was above its minimum
-  and is halved) is not divergence; at the minimum scale it counts like any non-finite one.
-  """
+  """Stops a diverging run: too many updates in a row skipped for a non-finite loss or
+  gradient (the device counts them; see learner.Window). A float16 overflow that the loss
+  scale can still absorb (the scale was above its minimum and is halved) is not divergence;
+  at the minimum scale it counts like any non-finite one."""
 
   def __init__(self, max_consecutive: int, output_dir: str = ""):
     self.max_consecutive = max_consecutive
     self.output_dir = output_dir
-    self.consecutive = 0
 
-  def record(self, finite: bool, overflow: bool, update: int) -> str:
-    """'applied', 'overflow' or 'skipped' for the update after `update`; raises RunError
-    after max_consecutive skipped ones in a row."""
-    if finite:
-      self.consecutive = 0
-      return "applied"
-    if overflow:
-      return "overflow"
-    self.consecutive += 1
-    if self.consecutive >= self.max_consecutive:
+  def check(self, consecutive: int, update: int) -> None:
+    """Raises RunError when `consecutive` non-finite updates in a row reach the limit."""
+    if consecutive >= self.max_consecutive:
       raise RunError(
-          f"{self.consecutive} updates in a row had a non-finite loss or gradient "
+          f"{consecutive} updates in a row had a non-finite loss or gradient "
           f"(max_consecutive_nonfinite={self.max_consecutive}); stopped at update {update}. "
           f"The last good checkpoint is kept in {self.output_dir}; lower "
           "learning_rate_constant or set clip_grad_norm, then resume")
-    return "skipped"
 
 
 class Trainer:
@@ -139,7 +129,6 @@ class Trainer:
     self._stop_signal = None
     self._restored = False
     self._has_layout = True  # of the checkpoint restored (see _check_stream)
-    self._slots = self._padding = 0  # token slots and padding of this worker's batches
     self.train_writer = tf.summary.create_noop_writer()
     self.evaluator = None
     if is_chief:
@@ -171,10 +160,6 @@ class Trainer:
     stream = self.iterators["iterator_0"]
     taken = [next(stream) for _ in range(self.strategy.num_replicas_in_sync)]
     batches = {r: taken[r] for r in self.replica_ids}
-    for batch in batches.values():  # host-side arrays: counting costs no device sync
-      padding, slots = data_lib.padding_and_slots(batch)
-      self._padding += padding
-      self._slots += slots
     if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
       return batches[self.replica_ids[0]]
     return self.strategy.experimental_distribute_values_from_function(
@@ -345,14 +330,20 @@ class Trainer:
                  else "a reduction to one device")
 
   def _loop(self) -> dict:
+    """The micro-steps read nothing from the device: the host counts the updates it tried
+    (`tried`) and reads what happened (the device's window of statistics) only when an
+    update is due for a log line, an evaluation, a save or the end. A skipped update found
+    there lowers the count, and the due action waits for the update that really reaches it."""
     plan, options, learner = self.plan, self.options, self.learner
     update = int(learner.update_step.numpy())
     micro_step = int(learner.micro_step.numpy())
+    learner.position()  # the host mirrors of the counters, read once here
+    learner.read_window()  # a new window
+    tried = update
     start = window_start = time.time()
     deadline = start + options.train_minutes * 60 if options.train_minutes > 0 else None
     guard = NonFiniteGuard(self.hparams.max_consecutive_nonfinite, options.output_dir)
-    window_tokens = window_updates = 0
-    window_loss = 0.0
+    window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
     stop_reason = "train_steps reached"
     # A resumed run that early stopping had stopped stays stopped (workers agree on it).
     early_stop = self.evaluator.early_stop(update) if self.evaluator is not None else None
@@ -361,65 +352,71 @@ class Trainer:
       stop_reason = early_stop or "another worker stopped"
     reduction_logged = False
     last_save = time.time()
-    while not stopped and update < plan.train_steps:
+    flags = NO_FLAGS  # this process's (stop, save), summed over all workers in the next update
+    while not stopped:
+      if tried >= plan.train_steps:  # the count is reached unless updates were skipped
+        update = tried = self._read_window(guard, window)["updates_done"]
+        if update >= plan.train_steps:
+          break
       reason = self._stop_now()
       if reason:
         stop_reason = reason
         break
-      stats = learner.step(self.next_batch())
+      stats = learner.step(self.next_batch(), flags)
       micro_step += 1
       self.faults.after_micro_step(micro_step, self.request_stop)
       if stats is None:  # mid-accumulation
         continue
+      tried += 1
       if learner.reduction is not None and not reduction_logged:
         reduction_logged = True
         self._log_reduction()
-      outcome = guard.record(bool(stats["finite"]), bool(stats["overflow"]), update)
-      if outcome == "overflow":
-        logging.info("float16 overflow at update %d: update skipped, loss scale lowered to %g",
-                     update + 1, float(learner.loss_scale.numpy()))
-      elif outcome == "skipped":
-        logging.warning("non-finite loss or gradient at update %d (micro-step %d): update "
-                        "skipped, accumulators reset (%d in a row, %d skipped in all)",
-                        update + 1, micro_step, guard.consecutive,
-                        int(learner.skipped_updates.numpy()))
-      else:
-        update += 1
-        self._log_phase(update)
-        window_updates += 1
-        window_tokens += float(stats["tokens"])
-        window_loss += float(stats["loss"])
-        now = time.time()
-        last = update >= plan.train_steps or (deadline is not None and now >= deadline)
-        if every(options.log_every, update) or last:
-          self._log(update, micro_step, stats, now - window_start, window_updates,
-                    window_tokens, window_loss, deadline)
-          window_start, window_tokens, window_updates, window_loss = now, 0, 0, 0.0
-        pause = time.time()
-        if self.evaluator is not None and every(options.local_eval_frequency, update):
-          self.evaluator.evaluate(update)
-          early_stop = self.evaluator.early_stop(update)
-        window_start += time.time() - pause  # tokens/s counts training time only
-      # The time budget, stop signals and timed saves are checked after every update,
-      # applied or not.
       now = time.time()
       out_of_time = deadline is not None and now >= deadline
       local_stop = out_of_time or self._stop_signal is not None or early_stop is not None
+      step_save = False
+      if self._due(tried) or (local_stop and not self._multi_worker):
+        previous = update
+        read = self._read_window(guard, window)
+        update = tried = read["updates_done"]
+        if update > previous:  # applied updates since the last look
+          self._log_phase(update)
+          last = update >= plan.train_steps or out_of_time or local_stop
+          if every(options.log_every, update) or last:
+            self._log(update, micro_step, read, now - window_start, window, deadline)
+            window_start = now
+          pause = time.time()
+          if self.evaluator is not None and every(options.local_eval_frequency, update):
+            self.evaluator.evaluate(update)
+            early_stop = self.evaluator.early_stop(update)
+            local_stop = local_stop or early_stop is not None
+          window_start += time.time() - pause  # tokens/s counts training time only
+          step_save = every(options.save_checkpoints_steps, update)
+      # The time budget, stop signals and timed saves are checked after every update,
+      # applied or not. Several workers decide together: the flags ride in the next update's
+      # cross-replica sum, and all act on the sum after that update.
       timed_save = (options.save_checkpoints_secs > 0 and
                     now - last_save >= options.save_checkpoints_secs)
-      stop, save = self._agree(update < plan.train_steps and local_stop,
-                               timed_save or (outcome == "applied" and
-                                              every(options.save_checkpoints_steps, update)))
+      if self._multi_worker:
+        stop, save = learner.read_agreed()
+        save = save or step_save
+        flags = (float(local_stop and update < plan.train_steps), float(timed_save))
+      else:
+        stop, save = local_stop and update < plan.train_steps, timed_save or step_save
       if save and not stop:
         self.save()
         last_save = time.time()
         window_start += last_save - now
       if stop:
+        if self._multi_worker:  # what this worker missed of the other workers' window
+          update = tried = self._read_window(guard, window)["updates_done"]
         stop_reason = (early_stop if early_stop is not None
                        else f"time budget of {options.train_minutes:g} minutes reached"
                        if out_of_time else f"signal {self._stop_signal}"
                        if self._stop_signal is not None else "another worker stopped")
         break
+    if tried != update:
+      update = self._read_window(guard, window)["updates_done"]
     path = self.save()
     self.train_writer.flush()
     if self.evaluator is not None:
@@ -431,21 +428,54 @@ class Trainer:
                  path)
     return summary
 
-  def _log(self, update, micro_step, stats, elapsed, window_updates, window_tokens,
-           window_loss, deadline) -> None:
-    """One progress line and the train summaries of the updates since the previous one."""
+  def _due(self, tried: int) -> bool:
+    """Whether update `tried` is due for a log line, an evaluation, a save or the end."""
+    options = self.options
+    return (tried >= self.plan.train_steps or every(options.log_every, tried) or
+            every(options.save_checkpoints_steps, tried) or
+            (self.evaluator is not None and every(options.local_eval_frequency, tried)))
+
+  def _read_window(self, guard: NonFiniteGuard, window: dict) -> dict:
+    """Reads the device's window of statistics: adds it to `window` (the updates since the
+    last log line), reports skipped updates, and stops a diverging run."""
+    read = self.learner.read_window()
+    for name in window:
+      window[name] += read[name]
+    update = read["updates_done"]
+    if read["overflows"]:
+      logging.info("float16 overflow at %s: update%s skipped, loss scale lowered to %g",
+                   f"update {update + 1}" if read["overflows"] == 1 else
+                   f"{read['overflows']} updates since update {update - read['updates']}",
+                   "" if read["overflows"] == 1 else "s", float(self.learner.loss_scale.numpy()))
+    if read["skipped"]:
+      where = (f"update {read['last_skip_update']} (micro-step {read['last_skip_micro_step']})")
+      if read["skipped"] > 1:
+        where = f"{read['skipped']} updates, the last at {where}"
+      logging.warning("non-finite loss or gradient at %s: update%s skipped, accumulators "
+                      "reset (%d in a row, %d skipped in all)", where,
+                      "" if read["skipped"] == 1 else "s", read["consecutive"],
+                      int(self.learner.skipped_updates.numpy()))
+    guard.check(read["consecutive"], update)
+    return read
+
+  def _log(self, update, micro_step, read, elapsed, window, deadline) -> None:
+    """One progress line and the train summaries of the updates since the previous one
+    (`window`, then emptied); `read`: the device's last window (learning rate, norm)."""
     plan = self.plan
+    window_updates, window_tokens = max(window["updates"], 1), window["tokens"]
     rate = window_updates / max(elapsed, 1e-9)
     remaining = (plan.train_steps - update) / max(rate, 1e-9)
     if deadline is not None:
       remaining = min(remaining, deadline - time.time())
     tokens_per_second = window_tokens / max(elapsed, 1e-9)
-    loss = window_loss / window_updates
-    padding = self._padding / max(self._slots, 1)
-    self._padding = self._slots = 0
+    loss = window["loss"] / window_updates
+    padding = window["padding"] / max(window["slots"], 1)
+    for name in window:
+      window[name] = 0
+    stats = {"learning_rate": read["learning_rate"], "grad_norm": read["grad_norm"]}
     logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
                  "%.0f tokens/update, %.1f%% padding, ETA %s", update, plan.train_steps,
-                 micro_step, loss, float(stats["learning_rate"]), tokens_per_second,
+                 micro_step, loss, stats["learning_rate"], tokens_per_second,
                  window_tokens / window_updates, 100 * padding, format_duration(remaining))
     with self.train_writer.as_default(step=update):  # a no-op writer off the chief
       tf.summary.scalar("loss", loss)

@@ -74,7 +74,7 @@ def _guard(hparams, train_file):
   guard, tolerated = NonFiniteGuard(hparams.max_consecutive_nonfinite), 0
   try:
     while tolerated < 100:
-      guard.record(False, False, 0)
+      guard.check(tolerated + 1, 0)
       tolerated += 1
   except RunError:
     pass

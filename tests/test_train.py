@@ -118,14 +118,29 @@ def test_resume_with_other_hparams_is_refused(tiny_run):
 
 
 def _fake_steps(trainer, monkeypatch, stats, limit=300):
-  """Replaces the learner's step by one returning `stats` (an update's outcome) each time."""
-  calls = []
+  """Replaces the learner's step by one whose every update has the outcome `stats` (finite,
+  overflow), and its window by what the device would count of those updates."""
+  calls, unread = [], []
+  consecutive = [0]
 
-  def step(batch):
+  def step(batch, flags):
     calls.append(1)
+    unread.append(1)
     assert len(calls) < limit, "the loop never checked its stop conditions"
-    return dict(stats, learning_rate=0.0, grad_norm=0.0, tokens=1.0, loss=1.0)
+    return {}
+
+  def read_window():
+    nonfinite = not stats["finite"] and not stats["overflow"]
+    tried = len(unread)
+    unread.clear()
+    consecutive[0] = consecutive[0] + tried if nonfinite else 0
+    return {"updates_done": 0, "micro_step": len(calls), "attempts": tried, "updates": 0,
+            "skipped": tried if nonfinite else 0, "overflows": 0 if nonfinite else tried,
+            "consecutive": consecutive[0], "last_skip_update": 1,
+            "last_skip_micro_step": len(calls), "loss": 0.0, "tokens": 0.0,
+            "learning_rate": 0.0, "grad_norm": 0.0, "padding": 0.0, "slots": 0.0}
   monkeypatch.setattr(trainer.learner, "step", step)
+  monkeypatch.setattr(trainer.learner, "read_window", read_window)
   return calls
 
 
