@@ -13,6 +13,7 @@ are ratios within one run where possible; absolute times vary between machines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -171,6 +172,83 @@ def worker_profile(spec: dict) -> dict:
           "host_share": max(0.0, 1.0 - executing / wall),
           "shares": {k: v / total for k, v in groups.items()},
           "op_types": {k: v / total for k, v in top}}
+
+
+@contextlib.contextmanager
+def counting_host_reads():
+  """Counts the device values read to the host meanwhile: every .numpy(), float(), int() or
+  bool() of an eager tensor or variable goes through _EagerTensorBase._numpy."""
+  from tensorflow.python.framework import ops
+  original = ops._EagerTensorBase._numpy  # noqa: SLF001 (the one place every read passes)
+  counter = {"reads": 0}
+
+  def counted(tensor):
+    counter["reads"] += 1
+    return original(tensor)
+
+  ops._EagerTensorBase._numpy = counted  # noqa: SLF001
+  try:
+    yield counter
+  finally:
+    ops._EagerTensorBase._numpy = original  # noqa: SLF001
+
+
+def host_reads_by_update(trainer) -> dict:
+  """Trains `trainer` and counts the device reads of each update (its micro-steps and the
+  loop's work after them) with log lines only (no evaluation, saves only at the end):
+  {"between_log_lines": [reads of each update with no log line], "log_lines": [... of each
+  update with one], "end": reads of the last update (its log line and the final save)}."""
+  learner, marks = trainer.learner, []
+  step = learner.step
+
+  def marked(*args):
+    marks.append(counter["reads"])
+    return step(*args)
+
+  learner.step = marked
+  with counting_host_reads() as counter:
+    trainer.train()
+    marks.append(counter["reads"])
+  learner.step = step
+  n, options = learner.accumulate_steps(1), trainer.options
+  per_update = [marks[i + n] - marks[i] for i in range(0, len(marks) - n, n)]
+  logged = [(u + 1) % options.log_every == 0 for u in range(len(per_update) - 1)]
+  return {"between_log_lines": [r for r, log in zip(per_update, logged) if not log],
+          "log_lines": [r for r, log in zip(per_update, logged) if log],
+          "end": per_update[-1]}
+
+
+def worker_host_syncs(spec: dict) -> dict:
+  """Device reads per update of the training loop (transformer_tiny on the problem's data):
+  none between log lines is the target."""
+  _tf()
+  from t2t_lite import registry, steps
+  from t2t_lite.train import RunOptions, Trainer
+  import tempfile
+  hparams = registry.hparams("transformer_tiny")
+  hparams.parse(f"batch_size=512,max_length=64,optimizer_multistep_accumulate_steps={spec['n']}")
+  with tempfile.TemporaryDirectory() as output_dir:
+    options = RunOptions(output_dir=output_dir, data_dir=spec["data_dir"], log_every=4,
+                         save_checkpoints_steps=0, local_eval_frequency=0)
+    trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
+                      steps.plan(hparams, 1, spec.get("updates", 12)), options)
+    reads = host_reads_by_update(trainer)
+  return {"between_log_lines": sum(reads["between_log_lines"]) / len(reads["between_log_lines"]),
+          "at_log_lines": sum(reads["log_lines"]) / len(reads["log_lines"])}
+
+
+def worker_mirrored(spec: dict) -> dict:
+  """2 logical CPU devices under MirroredStrategy: the update applied on each device (see
+  equivalence.mirrored_against_single)."""
+  _tf()
+  from t2t_lite.distribute import split_cpu
+  split_cpu(2)
+  from t2t_lite import registry
+  from t2t_lite.equivalence import mirrored_against_single
+  hparams = registry.hparams("transformer_tiny")
+  hparams.parse("layer_prepostprocess_dropout=0,attention_dropout=0,relu_dropout=0,"
+                "learning_rate_schedule=constant,learning_rate_constant=1e-4")
+  return mirrored_against_single(hparams)
 
 
 def worker_keras(spec: dict) -> dict:
@@ -343,21 +421,31 @@ def worker_cluster(spec: dict) -> dict:
 
 WORKERS = {"train": worker_train, "cluster_member": worker_cluster_member,
            "cluster": worker_cluster, "keras": worker_keras, "keras_speed": worker_keras_speed,
-           "decode": worker_decode, "pipeline": worker_pipeline, "profile": worker_profile}
+           "decode": worker_decode, "pipeline": worker_pipeline, "profile": worker_profile,
+           "host_syncs": worker_host_syncs, "mirrored": worker_mirrored}
 
 
 # --- the suite ----------------------------------------------------------------------------
 
-def run_worker(spec: dict) -> dict:
-  result = subprocess.run([sys.executable, "-m", "t2t_lite.bench", "--worker", json.dumps(spec)],
-                          capture_output=True, text=True, cwd=REPO)
+def run_worker(spec: dict, package_root: str | None = None) -> dict:
+  """One configuration in a fresh process: this file's worker, run on the t2t_lite of
+  `package_root` when given (an older version, for before/after rows)."""
+  env = dict(os.environ)
+  if package_root:  # its t2t_lite comes before the installed one
+    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)
+  result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
+                           json.dumps(spec)], capture_output=True, text=True, cwd=REPO, env=env)
   if result.returncode != 0:
     return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: str | None):
-  """The configurations: (name, spec). --quick shrinks them to seconds (for the test)."""
+def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: str | None,
+          before: bool = False):
+  """The configurations: (name, spec). --quick shrinks them to seconds (for the test).
+  `before`: the training speed, profile and host-sync rows again on the version before
+  (--train_before), as "before/<name>"."""
   cpu = {"hparams_set": "transformer_multi30k_cpu", "rows": 128, "length": 32}
   base = {"hparams_set": "transformer_base", "hparams": "batch_size=512", "rows": 16,
           "length": 32}
@@ -388,6 +476,17 @@ def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: st
   if not quick:
     specs.append(("keras/speed/n=8", {"kind": "keras_speed", **cpu, "n": 8,
                                       "micro_steps": steady}))
+  specs.append(("mirrored", {"kind": "mirrored"}))
+  specs.append(("profile/n=1", {"kind": "profile", **cpu, "n": 1,
+                                "micro_steps": 2 if quick else 6}))
+  if data_dir:
+    for n in (1, 4):
+      specs.append((f"host_syncs/n={n}", {"kind": "host_syncs", "data_dir": data_dir, "n": n}))
+  if before:  # the same configurations on the version before (same process kinds)
+    for name, spec in list(specs):
+      if name in ("speed/n=1", "speed/n=1/float32", "profile/n=1") or name.startswith(
+          "host_syncs/"):
+        specs.append((f"before/{name}", {**spec, "before": True}))
   if data_dir and raw_dir:
     specs.append(("decode", {"kind": "decode", "data_dir": data_dir, "raw_dir": raw_dir,
                              "checkpoint": checkpoint, "sentences": 16 if quick else 200}))
@@ -456,6 +555,48 @@ def decode_rows(d: dict) -> list[str]:
   return rows
 
 
+def _ratio(now: dict, before: dict, key: str) -> str:
+  if key in now and key in before:
+    return f" ({now[key] / before[key]:.2f}x)"
+  return ""
+
+
+def before_after_rows(results: dict) -> list[str]:
+  """Training speed and peak memory now against --train_before, the profile, host syncs
+  per update and the mirrored-update check."""
+  rows, commit = [], results.get("_train_before", "before")
+  for name, label in (("speed/n=1", "default precision"), ("speed/n=1/float32", "float32")):
+    now, before = results.get(name, {}), results.get(f"before/{name}", {})
+    if "tokens_per_second" in now and "tokens_per_second" in before:
+      rows.append(f"| {label} ({now['compute_dtype']}) n=1 tokens/s, peak RSS: {commit} / now | "
+                  f"{before['tokens_per_second']:.0f}, {before['peak_rss_mib']:.0f} MiB / "
+                  f"{now['tokens_per_second']:.0f}{_ratio(now, before, 'tokens_per_second')}, "
+                  f"{now['peak_rss_mib']:.0f} MiB{_ratio(now, before, 'peak_rss_mib')} |")
+  for name in ("before/profile/n=1", "profile/n=1"):
+    p = results.get(name, {})
+    if "shares" in p:
+      label = commit if name.startswith("before/") else "now"
+      shares = ", ".join(f"{k} {v:.0%}" for k, v in p["shares"].items() if v >= 0.005)
+      types = ", ".join(f"{k} {v:.0%}" for k, v in p["op_types"].items())
+      rows.append(f"| profile of a micro-step ({label}): {p['seconds_per_micro_step']:.2f} s; "
+                  f"host {p['host_share']:.1%} | op time by scope: {shares}; by op type: "
+                  f"{types} |")
+  for n in (1, 4):
+    now, before = results.get(f"host_syncs/n={n}", {}), results.get(f"before/host_syncs/n={n}", {})
+    if "between_log_lines" in now:
+      was = (f"{before['between_log_lines']:.1f} / {before['at_log_lines']:.1f} before ({commit}); "
+             if "between_log_lines" in before else "")
+      rows.append(f"| host syncs per update, n={n}: between log lines / at a log line | "
+                  f"{was}{now['between_log_lines']:.1f} / {now['at_log_lines']:.1f} now |")
+  m = results.get("mirrored", {})
+  if "apply_ops" in m:
+    devices = ", ".join(f"{d.rsplit('/', 1)[-1]}: {c}" for d, c in sorted(m["apply_ops"].items()))
+    rows.append(f"| mirrored update, 2 CPU devices: fused Adam kernels per device "
+                f"({m['variables']} variables); parameters vs 1 device (rel.) | {devices}; "
+                f"{m['relative_difference']:.1e} |")
+  return rows
+
+
 def table(results: dict) -> str:
   rows = ["| measurement | figure |", "|---|---|"]
   for label in ("transformer_multi30k_cpu", "transformer_base"):
@@ -488,6 +629,7 @@ def table(results: dict) -> str:
                     f"/ float32 matmul FLOP/s | {r['tokens_per_second']:.0f}, "
                     f"{r['model_flops_per_second'] / 1e9:.0f} / "
                     f"{r['matmul_float32_flops_per_second'] / 1e9:.0f} GFLOP/s = {mfu:.0%} |")
+  rows.extend(before_after_rows(results))
   k = results.get("keras/exactness", {})
   if "keras_relative_difference" in k:
     rows.append(f"| parameters vs one big batch after {k['updates']} updates (rel.): ours / "
@@ -535,6 +677,9 @@ def main(argv=None) -> None:
                       help="the trained run (or averaged run) of the decode comparison")
   parser.add_argument("--decode_before", default="dbe53b6",
                       help="the commit whose decoder is the comparison's 'before'")
+  parser.add_argument("--train_before", default="ab2aa83",
+                      help="the commit whose training speed, memory, profile and host syncs "
+                           "are the 'before' rows ('' for none)")
   parser.add_argument("--decode_only", action="store_true",
                       help="run only the decode comparison; merge it into bench.json")
   args = parser.parse_args(argv)
@@ -566,9 +711,20 @@ def main(argv=None) -> None:
       results = json.load(f)
   start = time.time()
   if not args.decode_only:
+    before_root = None
+    if args.train_before and not args.quick:
+      import tempfile
+      before_root = tempfile.mkdtemp(prefix="t2t-lite-before-")
+      archive = subprocess.run(["git", "archive", args.train_before, "t2t_lite", "configs"],
+                               cwd=REPO, capture_output=True, check=True).stdout
+      import io
+      import tarfile
+      with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(before_root, filter="data")
+      results["_train_before"] = args.train_before
     for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir,
-                            checkpoint):
-      results[name] = run_worker(spec)
+                            checkpoint, before=before_root is not None):
+      results[name] = run_worker(spec, before_root if spec.get("before") else None)
       print(f"{name}: {json.dumps(results[name])}", flush=True)
   if os.path.isfile(os.path.join(args.run_dir, "hparams.json")) and not args.quick:
     results["decode_comparison"] = decode_comparison(args.run_dir, raw_dir, args.out_dir,
@@ -586,4 +742,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+  if os.path.dirname(os.path.abspath(__file__)) in sys.path:  # run as a script:
+    sys.path.remove(os.path.dirname(os.path.abspath(__file__)))  # not the package's folder
   main()

@@ -41,3 +41,26 @@ def relative_difference(a, b) -> float:
   """max |a - b| / max |b| over the trainable variables of two learners."""
   scale = max(float(tf.reduce_max(tf.abs(v))) for v in b.variables)
   return max(float(tf.reduce_max(tf.abs(x - y))) for x, y in zip(a.variables, b.variables)) / scale
+
+
+def mirrored_against_single(hparams, accumulate_steps: int = 2, updates: int = 3,
+                            vocab: int = 60) -> dict:
+  """2 mirrored replicas x b x n against 1 replica x 2b x n on ragged batches (dropout off):
+  the parameters' relative difference, and the devices of the update's fused Adam kernels
+  (one per variable on each device when every device updates its own copy). Needs two
+  logical CPU devices (distribute.split_cpu(2) before TensorFlow starts)."""
+  from t2t_lite.learner import Learner, apply_ops_by_device
+  micro = ragged_batches(2 * accumulate_steps * updates, vocab, seed=8)
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  strategy = tf.distribute.MirroredStrategy(devices)
+  two = Learner(hparams, vocab, accumulate_steps, seed=4, strategy=strategy)
+  one = Learner(hparams, vocab, accumulate_steps, seed=4)
+  for step in range(accumulate_steps * updates):
+    pair = micro[2 * step:2 * step + 2]
+    two.step(strategy.experimental_distribute_values_from_function(
+        lambda context, pair=pair: pair[context.replica_id_in_sync_group]))
+    one.step(concat(pair))
+  return {"replicas": two.replicas, "updates": int(two.update_step.numpy()),
+          "relative_difference": relative_difference(two, one),
+          "variables": len(two.variables),
+          "apply_ops": apply_ops_by_device(two.update_fn.get_concrete_function())}

@@ -118,6 +118,9 @@ class Window(tf.Module):
     self.slots.assign(0.0)
 
 
+WINDOW_FIELDS = (*Window.COUNTS, *Window.SUMS, "padding", "slots", "updates_done", "micro_step")
+
+
 class Learner:
   """Holds the trainable state and runs micro-steps and updates."""
 
@@ -271,11 +274,14 @@ class Learner:
     return stats
 
   def _take_window(self):
+    """The window's values and counters packed into one float64 vector (one read; counts
+    are exact in float64 up to 2^53)."""
     values = self.window.take()
     with tf.control_dependencies(list(values.values())):
       self.strategy.run(self.window.reset_counts)
-    return {**values, "updates_done": self.update_step.read_value(),
-            "micro_step": self.micro_step.read_value()}
+    values.update(updates_done=self.update_step.read_value(),
+                  micro_step=self.micro_step.read_value())
+    return tf.stack([tf.cast(values[name], tf.float64) for name in WINDOW_FIELDS])
 
   def _apply(self, grad_sums, loss_sum, tokens, flags, micro_step):
     """Divides by the token count, clips, and applies Adam unless something is non-finite:
@@ -395,7 +401,9 @@ class Learner:
     mean losses), tokens, learning_rate and grad_norm (of the last applied update), padding
     and slots (token slots of the micro-batches)."""
     self._sync_host()
-    values = {name: value.numpy().item() for name, value in self.take_window_fn().items()}
+    packed = self.take_window_fn().numpy()
+    values = {name: float(value) if name in Window.SUMS + ("padding", "slots") else int(value)
+              for name, value in zip(WINDOW_FIELDS, packed)}
     self._confirm(values["updates_done"])
     return values
 

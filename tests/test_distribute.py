@@ -89,7 +89,7 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   assert "replicas: 2" in mirrored_out and "replicas: 2" in chief_out
   # one packed all-reduce per update, not one per variable (transformer_tiny has 55)
   for _, err in two_worker_run["outputs"][1:]:
-    assert "cross-replica sum per update: 57 tensors in 1 collective all-reduce op(s)" in err
+    assert "cross-replica sum per update: 58 tensors in 1 collective all-reduce op(s)" in err
   workers_dir = two_worker_run["workers_dir"]
   mirrored, workers = _final_values(two_worker_run["mirrored_dir"]), _final_values(workers_dir)
   assert mirrored.keys() == workers.keys() and len(mirrored) > 20
