@@ -427,15 +427,23 @@ WORKERS = {"train": worker_train, "cluster_member": worker_cluster_member,
 
 # --- the suite ----------------------------------------------------------------------------
 
+def extract_version(commit: str, directory: str) -> None:
+  """t2t_lite and configs as of `commit` into `directory` (an older version to compare)."""
+  import io
+  import tarfile
+  archive = subprocess.run(["git", "archive", commit, "t2t_lite", "configs"], cwd=REPO,
+                           capture_output=True, check=True).stdout
+  with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    tar.extractall(directory, filter="data")
+
+
 def run_worker(spec: dict, package_root: str | None = None) -> dict:
   """One configuration in a fresh process: this file's worker, run on the t2t_lite of
   `package_root` when given (an older version, for before/after rows)."""
-  env = dict(os.environ)
-  if package_root:  # its t2t_lite comes before the installed one
-    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep)
+  from t2t_lite import decode_speed
   result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
-                           json.dumps(spec)], capture_output=True, text=True, cwd=REPO, env=env)
+                           json.dumps(spec)], capture_output=True, text=True, cwd=REPO,
+                          env=decode_speed._environment(package_root))
   if result.returncode != 0:
     return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
   return json.loads(result.stdout.strip().splitlines()[-1])
@@ -505,8 +513,6 @@ def decode_comparison(run_dir: str, raw_dir: str, out_dir: str, before_commit: s
   """test_2016_flickr with beam 4 (alpha 0.6), batches of 64 sentences, by t2t-lite's decoder
   at `before_commit` and now, the SavedModel, and CTranslate2 float32 and int8: each in a
   fresh process, one after another. The exports are made first (not timed)."""
-  import io
-  import tarfile
   import tempfile
   from t2t_lite import decode_speed
   from t2t_lite.export import serving_speed
@@ -524,10 +530,7 @@ def decode_comparison(run_dir: str, raw_dir: str, out_dir: str, before_commit: s
       return {"error": f"export {name}: {done.stderr.strip().splitlines()[-1]}"}
   results = {"_commit": before_commit, "_sentences": sentences or 1000}
   with tempfile.TemporaryDirectory() as old:
-    archive = subprocess.run(["git", "archive", before_commit, "t2t_lite", "configs"], cwd=REPO,
-                             capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-      tar.extractall(old, filter="data")
+    extract_version(before_commit, old)
     results["before"] = decode_speed.measure_process(spec, old)
   results["after"] = decode_speed.measure_process(spec)
   for name, engine in (("saved_model", "saved_model"), ("ctranslate2_float32", "ctranslate2"),
@@ -715,16 +718,14 @@ def main(argv=None) -> None:
     if args.train_before and not args.quick:
       import tempfile
       before_root = tempfile.mkdtemp(prefix="t2t-lite-before-")
-      archive = subprocess.run(["git", "archive", args.train_before, "t2t_lite", "configs"],
-                               cwd=REPO, capture_output=True, check=True).stdout
-      import io
-      import tarfile
-      with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(before_root, filter="data")
+      extract_version(args.train_before, before_root)
       results["_train_before"] = args.train_before
     for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir,
                             checkpoint, before=before_root is not None):
       results[name] = run_worker(spec, before_root if spec.get("before") else None)
+    if before_root:
+      import shutil
+      shutil.rmtree(before_root)
       print(f"{name}: {json.dumps(results[name])}", flush=True)
   if os.path.isfile(os.path.join(args.run_dir, "hparams.json")) and not args.quick:
     results["decode_comparison"] = decode_comparison(args.run_dir, raw_dir, args.out_dir,
