@@ -53,49 +53,75 @@ def causal_bias(length):
   return ((1.0 - allowed) * NEG_INF)[None, None]
 
 
-def smoothed_cross_entropy(logits, targets, smoothing: float):
-  """Label-smoothed cross-entropy per token, minus its minimum (tensor2tensor's), float32.
+def projected_cross_entropy(x, table, targets, weights, smoothing: float,
+                            vocab_major: bool = True):
+  """sum(weights * label-smoothed cross-entropy) of the logits x table^T, in float32.
 
-  With q the smoothed target distribution (confidence c on the target, l = smoothing / (V-1)
-  on every other class), -sum(q * log p) = (c - l) * nll - l * sum(log p), so no [B, T, V]
-  one-hot is built. One fused kernel gives the negative log-likelihood and its gradient
-  softmax - onehot together; the gradient of the smoothed loss, dy * (softmax - q), is
-  written out from it. The backward pass then holds one [B, T, V] tensor and not the logits,
-  where automatic differentiation of a log-sum-exp, sums and a gather would keep several
-  (and densify the gather's gradient over all of them).
+  x [..., H] (compute dtype), table the softmax weights (float32 variable value): [V, H]
+  when `vocab_major` (the shared embedding), else [H, V] (a Dense kernel); targets and
+  weights [...]. The per-token loss is minus its minimum (tensor2tensor's): with q the
+  smoothed target distribution (confidence c on the target, l = smoothing / (V-1) on every
+  other class), -sum(q log p) = (c - l) nll - l sum(log p), and sum(log p) = sum(z) - V log Z
+  with sum(z) = x . (column sum of the table), so no [N, V] one-hot or sum is built.
+
+  The projection is inside the gradient, which is written out. One fused kernel gives nll
+  and G = softmax - onehot; the logits' gradient is w (G - l + (1 - c + l) onehot) with w the
+  token weights times dy. Only G meets the [N, V] matmuls; the weights are applied to their
+  [N, H] operands and results, and the two smoothing terms are [N, H] and [V, H] tensors
+  (the table's rows at the targets and its column sum). The backward pass keeps G in the
+  compute dtype and nothing else of size [N, V].
   """
-  vocab = tf.shape(logits)[-1]
-  flat = tf.reshape(logits, [-1, vocab])
+  hidden = x.shape[-1]
+  x = tf.reshape(x, [-1, hidden])
   rows = tf.reshape(targets, [-1])
+  w = tf.reshape(tf.cast(weights, tf.float32), [-1])
+  vocab_axis = 0 if vocab_major else 1
+  vocab = tf.shape(table)[vocab_axis]
+  v = tf.cast(vocab, tf.float32)
   confidence = 1.0 - smoothing
-  low = smoothing / (tf.cast(vocab, tf.float32) - 1.0)
+  low = smoothing / (v - 1.0)
+  on_target = 1.0 - confidence + low  # (softmax - q) - (softmax - onehot) + l, at the target
 
   @tf.custom_gradient
-  def loss(flat):
-    nll, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=flat, labels=rows)
+  def loss(x, table):
+    t = tf.cast(table, x.dtype)
+    z = tf.matmul(x, t, transpose_b=vocab_major)  # [N, V]
+    nll, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+        features=tf.cast(z, tf.float32), labels=rows)
+    per_token = nll
     if smoothing > 0.0:
-      # sum(log p) = sum(z) - V log Z, and log Z = nll + z_target.
       index = tf.stack([tf.range(tf.size(rows)), rows], axis=1)
-      log_z = nll + tf.gather_nd(flat, index)
-      sum_log_p = tf.reduce_sum(flat, axis=-1) - tf.cast(vocab, tf.float32) * log_z
+      log_z = nll + tf.cast(tf.gather_nd(z, index), tf.float32)
+      column_sum = tf.reduce_sum(tf.cast(t, tf.float32), axis=vocab_axis)  # [H]
+      sum_z = tf.linalg.matvec(tf.cast(x, tf.float32), column_sum)
       normalizing = -(confidence * tf.math.log(confidence) +
-                      (tf.cast(vocab, tf.float32) - 1.0) * low * tf.math.log(low + 1e-20))
-      per_token = (confidence - low) * nll - low * sum_log_p - normalizing
-    else:
-      per_token = nll
+                      (v - 1.0) * low * tf.math.log(low + 1e-20))
+      per_token = (confidence - low) * nll - low * (sum_z - v * log_z) - normalizing
+    g = tf.cast(backprop, x.dtype)
 
     def grad(dy):
-      g = backprop
+      wd = w * dy  # [N]
+      x_w = tf.cast(x, tf.float32) * wd[:, None]
+      x_w_low = tf.cast(x_w, x.dtype)
+      grad_x = tf.cast(tf.matmul(g, t, transpose_b=not vocab_major), tf.float32) * wd[:, None]
+      if vocab_major:
+        grad_table = tf.cast(tf.matmul(g, x_w_low, transpose_a=True), tf.float32)  # [V, H]
+      else:
+        grad_table = tf.cast(tf.matmul(x_w_low, g, transpose_a=True), tf.float32)  # [H, V]
       if smoothing > 0.0:
-        # softmax - q = (softmax - onehot) - l + (1 - c + l) onehot
-        g = tf.tensor_scatter_nd_add(g - low, index,
-                                     tf.fill(tf.shape(rows), 1.0 - confidence + low))
-      return g * tf.reshape(dy, [-1, 1])
+        target_rows = tf.gather(tf.cast(t, tf.float32), rows, axis=vocab_axis)
+        if not vocab_major:
+          target_rows = tf.transpose(target_rows)
+        grad_x += (on_target * target_rows - low * column_sum) * wd[:, None]
+        extra = (on_target * tf.math.unsorted_segment_sum(x_w, rows, vocab) -
+                 low * tf.reduce_sum(x_w, axis=0))  # [V, H]
+        grad_table += extra if vocab_major else tf.transpose(extra)
+      return tf.cast(grad_x, x.dtype), grad_table
 
-    return per_token, grad
+    return tf.reduce_sum(per_token * w), grad
 
   with tf.name_scope("cross_entropy"):
-    return tf.reshape(loss(flat), tf.shape(targets))
+    return loss(x, table)
 
 
 class Block(tf.Module):
@@ -181,8 +207,7 @@ class Transformer(tf.Module):
     return tf.cast(x + timing_signal(positions, self.hidden)[None], self.dtype)
 
   def _logits(self, x):
-    if self.pre_norm:
-      x = self.decoder_norm(x)
+    """Final decoder states (after the stack's norm) -> logits, float32."""
     if self.shared:
       shape = tf.shape(x)
       flat = tf.matmul(tf.reshape(x, [-1, self.hidden]), tf.cast(self.embedding, x.dtype),
@@ -206,13 +231,17 @@ class Transformer(tf.Module):
 
   def decode(self, targets_in, memory, memory_bias, seeds=None):
     """Teacher-forced decoder: shifted targets [B, T] -> logits [B, T, V] (float32)."""
+    return self._logits(self._decoder_states(targets_in, memory, memory_bias, seeds))
+
+  def _decoder_states(self, targets_in, memory, memory_bias, seeds=None):
+    """The decoder's last hidden states [B, T, D] (compute dtype), before the softmax."""
     length = tf.shape(targets_in)[1]
     x = dropout(self._embed(targets_in, self._target_table(), tf.range(length)), self.rate,
                 seeds)
     bias = causal_bias(length)
     for block in self.decoder:
       x, _ = block(x, bias, seeds, memory, memory_bias)
-    return self._logits(x)
+    return self.decoder_norm(x) if self.pre_norm else x
 
   def __call__(self, inputs, targets, seed=None):
     """Logits [B, T, V] for `targets` given `inputs`; dropout on when `seed` is given."""
@@ -227,11 +256,16 @@ class Transformer(tf.Module):
     `smoothing` defaults to the hparams' label_smoothing; 0 gives the plain negative
     log-likelihood (what dev loss and perplexity report).
     """
-    logits = self(inputs, targets, seed)
+    seeds = None if seed is None else SeedStream(seed)
+    memory, memory_bias = self.encode(inputs, seeds)
+    targets_in = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
+    states = self._decoder_states(targets_in, memory, memory_bias, seeds)
     weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
-    per_token = smoothed_cross_entropy(logits, targets,
-                                       self.smoothing if smoothing is None else smoothing)
-    return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
+    table = self.embedding if self.shared else self.softmax.kernel
+    total = projected_cross_entropy(states, tf.convert_to_tensor(table), targets, weights,
+                                    self.smoothing if smoothing is None else smoothing,
+                                    vocab_major=self.shared)
+    return total, tf.reduce_sum(weights)
 
   # --- incremental decoding ----------------------------------------------------------
   # The self-attention keys and values of every step live in one preallocated buffer per
@@ -293,4 +327,6 @@ class Transformer(tf.Module):
                          {"self": own, "cross": layer["cross"]})
       layers.append({"self": {"k": updated["self"]["k"], "v": updated["self"]["v"]},
                      "cross": layer["cross"]})
+    if self.pre_norm:
+      x = self.decoder_norm(x)
     return self._logits(x)[:, 0], {"layers": layers, "parents": parents}
