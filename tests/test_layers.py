@@ -61,3 +61,41 @@ def test_projected_cross_entropy_in_bfloat16_follows_float32():
     a = tf.cast(a, tf.float32).numpy()
     error = np.max(np.abs(a - b.numpy())) / np.max(np.abs(b.numpy()))
     assert error < 3e-2, (name, error)
+
+
+def _seeds():
+  from t2t_lite.models.layers import SeedStream
+  return SeedStream(tf.constant([7, 3], tf.int64))
+
+
+def test_dropout_zeroes_the_rate_and_keeps_the_mean():
+  from t2t_lite.models.layers import dropout, keep_scale
+  x = tf.ones([1000, 300])
+  y = dropout(x, 0.1, _seeds()).numpy()
+  assert abs(np.mean(y == 0.0) - 0.1) < 0.003
+  assert np.all((y == 0.0) | np.isclose(y, keep_scale(0.1, _seeds())))
+  assert abs(y.mean() - 1.0) < 0.005
+  assert keep_scale(0.1, None) == 1.0 and keep_scale(0.0, _seeds()) == 1.0
+  assert keep_scale(0.1, _seeds()) == 65536.0 / (65536 - 6554)
+
+
+def test_dropout_scale_folded_into_the_next_layer_is_the_same_dropout():
+  """dropout(relu(x W1)) W2 with the keep scale applied to W2 (and b2) instead of the
+  activations, and the same for the output of a layer: values and gradients unchanged."""
+  from t2t_lite.models.layers import FeedForward, Initializer, dropout, keep_scale
+  ffn = FeedForward(Initializer(1), 16, 32, "ffn")
+  x = tf.constant(np.random.RandomState(0).randn(40, 16).astype(np.float32))
+  unfolded, folded = [], []
+  for out in (unfolded, folded):
+    with tf.GradientTape() as tape:
+      if out is unfolded:
+        h = dropout(tf.nn.relu(ffn.inner(x)), 0.2, _seeds())
+        y = dropout(ffn.outer(h), 0.3, _seeds())
+      else:
+        y = dropout(ffn(x, 0.2, _seeds(), keep_scale(0.3, _seeds())), 0.3, _seeds(),
+                    scaled=False)
+      loss = tf.reduce_sum(y * tf.range(16, dtype=tf.float32))
+    out.extend([y, *tape.gradient(loss, ffn.trainable_variables)])
+  assert np.mean(unfolded[0].numpy() == 0.0) > 0.25  # dropout was on
+  for a, b in zip(unfolded, folded):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6)

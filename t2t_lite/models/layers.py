@@ -26,32 +26,49 @@ class SeedStream:
     return tf.random.experimental.stateless_fold_in(self._seed, self._site)
 
 
-def dropout(x, rate: float, seeds: SeedStream | None):
+def _active(rate: float, seeds: SeedStream | None) -> bool:
+  return seeds is not None and seeds._seed is not None and rate > 0.0
+
+
+def _threshold(rate: float) -> int:
+  return min(int(round(rate * 65536)), 65535)
+
+
+def keep_scale(rate: float, seeds: SeedStream | None) -> float:
+  """1 / keep probability of dropout at `rate` (1.0 when dropout is off)."""
+  return 65536.0 / (65536 - _threshold(rate)) if _active(rate, seeds) else 1.0
+
+
+def dropout(x, rate: float, seeds: SeedStream | None, scaled: bool = True):
   """Inverted dropout: zeroes each element with probability `rate` (to 1 / 65536), scales the
-  rest by 1 / keep probability.
+  rest by 1 / keep probability. With `scaled=False` the rest is left as it is and the caller
+  applies keep_scale(rate, seeds) where it is cheaper: to the weights of the linear layer
+  the result meets (one pass over each activation and its gradient fewer).
 
   Each random 32-bit word gives the masks of two elements (its two 16-bit halves): half the
   random numbers of one word per element. The backward pass keeps only the boolean mask
   (1 byte per element) and applies it the same way.
   """
-  if seeds is None or seeds._seed is None or rate <= 0.0:
+  if not _active(rate, seeds):
     return x
   with tf.name_scope("dropout"):
-    return _dropout(x, rate, seeds)
+    return _dropout(x, rate, seeds, keep_scale(rate, seeds) if scaled else 1.0)
 
 
-def _dropout(x, rate, seeds):
-  threshold = min(int(round(rate * 65536)), 65535)
+def _dropout(x, rate, seeds, scale):
+  threshold = _threshold(rate)
   size = tf.size(x)
   words = tf.random.stateless_uniform([(size + 1) // 2], seeds.next(), minval=None,
                                       maxval=None, dtype=tf.int32)
   halves = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
   keep = tf.reshape(halves >= tf.constant(threshold, tf.uint16), tf.shape(x))
-  scale = 65536.0 / (65536 - threshold)
+
+  def apply(t):
+    t = tf.where(keep, t, tf.zeros([], t.dtype))
+    return t if scale == 1.0 else t * tf.cast(scale, t.dtype)
 
   @tf.custom_gradient
   def masked(x):
-    apply = lambda t: tf.where(keep, t, tf.zeros([], t.dtype)) * tf.cast(scale, t.dtype)  # noqa: E731
     return apply(x), apply
 
   return masked(x)
@@ -80,11 +97,17 @@ class Dense(tf.Module):
     self.kernel = tf.Variable(init.glorot([in_dim, out_dim]), name="kernel")
     self.bias = tf.Variable(tf.zeros([out_dim]), name="bias") if use_bias else None
 
-  def __call__(self, x):
+  def __call__(self, x, scale: float = 1.0, input_scale: float = 1.0):
+    """scale * ((input_scale * x) W + b), with both factors applied to W and b (dropouts'
+    keep scales: of this layer's output and of its input), not to x or x W."""
     shape = tf.shape(x)
-    y = tf.matmul(tf.reshape(x, [-1, shape[-1]]), tf.cast(self.kernel, x.dtype))
+    kernel = tf.cast(self.kernel, x.dtype)
+    if scale * input_scale != 1.0:
+      kernel = kernel * tf.cast(scale * input_scale, x.dtype)
+    y = tf.matmul(tf.reshape(x, [-1, shape[-1]]), kernel)
     if self.bias is not None:
-      y += tf.cast(self.bias, x.dtype)
+      bias = tf.cast(self.bias, x.dtype)
+      y += bias if scale == 1.0 else bias * tf.cast(scale, x.dtype)
     return tf.reshape(y, tf.concat([shape[:-1], [self.kernel.shape[1]]], 0))
 
 
@@ -169,8 +192,10 @@ class Attention(tf.Module):
     k, v = tf.split(self.kv(memory), 2, axis=-1)
     return split_heads(k, self.num_heads), split_heads(v, self.num_heads)
 
-  def __call__(self, x, bias, rate: float = 0.0, seeds=None, memory=None, cache=None):
-    """x: [B, T, D]; bias: broadcastable to [B, H, T, S] (float32, -1e9 where masked).
+  def __call__(self, x, bias, rate: float = 0.0, seeds=None, memory=None, cache=None,
+               scale: float = 1.0):
+    """x: [B, T, D]; bias: broadcastable to [B, H, T, S] (float32, -1e9 where masked);
+    the output is multiplied by `scale` (see Dense).
 
     cache, self-attention (incremental decoding, T = 1): {"k", "v"}: buffers [max_length, B,
     H, d] of every step's keys and values, "position": this step, written in place there,
@@ -199,8 +224,9 @@ class Attention(tf.Module):
     logits = tf.matmul(q * tf.cast(depth ** -0.5, q.dtype), k, transpose_b=True)
     with tf.name_scope("softmax"):
       weights = tf.nn.softmax(tf.cast(logits, tf.float32) + bias)
-    weights = dropout(tf.cast(weights, x.dtype), rate, seeds)
-    y = self.output(merge_heads(tf.matmul(weights, v), self.hidden))
+    weights = dropout(tf.cast(weights, x.dtype), rate, seeds, scaled=False)
+    y = self.output(merge_heads(tf.matmul(weights, v), self.hidden), scale,
+                    keep_scale(rate, seeds))
     return tf.reshape(y, shape), new_cache
 
   def _cached_keys(self, k, v, cache):
@@ -224,5 +250,7 @@ class FeedForward(tf.Module):
     self.inner = Dense(init, hidden, filter_size, True, "inner")
     self.outer = Dense(init, filter_size, hidden, True, "outer")
 
-  def __call__(self, x, rate: float = 0.0, seeds=None):
-    return self.outer(dropout(tf.nn.relu(self.inner(x)), rate, seeds))
+  def __call__(self, x, rate: float = 0.0, seeds=None, scale: float = 1.0):
+    """The output is multiplied by `scale` (see Dense)."""
+    return self.outer(dropout(tf.nn.relu(self.inner(x)), rate, seeds, scaled=False), scale,
+                      keep_scale(rate, seeds))

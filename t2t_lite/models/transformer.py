@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from t2t_lite.hparams_check import norm_placement
 from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
-                                    SeedStream, dropout, timing_signal)
+                                    SeedStream, dropout, keep_scale, timing_signal)
 
 NEG_INF = -1e9
 
@@ -142,18 +142,21 @@ class Block(tf.Module):
                   hparams.relu_dropout)
 
   def _residual(self, norm, sublayer, x, rate, seeds):
-    """Pre-norm x + dropout(f(norm(x))) or post-norm norm(x + dropout(f(x)))."""
+    """Pre-norm x + dropout(f(norm(x))) or post-norm norm(x + dropout(f(x))). The dropout's
+    keep scale is applied inside f, to the weights of its last linear layer."""
+    scale = keep_scale(rate, seeds)
     if self.pre_norm:
-      return x + dropout(sublayer(norm(x)), rate, seeds)
-    return norm(x + dropout(sublayer(x), rate, seeds))
+      return x + dropout(sublayer(norm(x), scale), rate, seeds, scaled=False)
+    return norm(x + dropout(sublayer(x, scale), rate, seeds, scaled=False))
 
   def __call__(self, x, self_bias, seeds=None, memory=None, memory_bias=None, cache=None):
     post, attn, relu = self.rates if seeds is not None else (0.0, 0.0, 0.0)
     new_self = []
 
-    def self_attention(y):
+    def self_attention(y, scale):
       y, updated = self.self_attention(y, self_bias, attn, seeds,
-                                       cache=None if cache is None else cache["self"])
+                                       cache=None if cache is None else cache["self"],
+                                       scale=scale)
       new_self.append(updated)
       return y
 
@@ -161,10 +164,12 @@ class Block(tf.Module):
     if self.decoder:
       x = self._residual(
           self.cross_norm,
-          lambda y: self.cross_attention(y, memory_bias, attn, seeds, memory=memory,
-                                         cache=None if cache is None else cache["cross"])[0],
+          lambda y, scale: self.cross_attention(
+              y, memory_bias, attn, seeds, memory=memory,
+              cache=None if cache is None else cache["cross"], scale=scale)[0],
           x, post, seeds)
-    x = self._residual(self.ffn_norm, lambda y: self.ffn(y, relu, seeds), x, post, seeds)
+    x = self._residual(self.ffn_norm, lambda y, scale: self.ffn(y, relu, seeds, scale), x, post,
+                       seeds)
     new_cache = None if cache is None else {"self": new_self[0], "cross": cache["cross"]}
     return x, new_cache
 
