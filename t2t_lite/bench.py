@@ -720,13 +720,15 @@ def main(argv=None) -> None:
       before_root = tempfile.mkdtemp(prefix="t2t-lite-before-")
       extract_version(args.train_before, before_root)
       results["_train_before"] = args.train_before
-    for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir,
-                            checkpoint, before=before_root is not None):
-      results[name] = run_worker(spec, before_root if spec.get("before") else None)
-    if before_root:
-      import shutil
-      shutil.rmtree(before_root)
-      print(f"{name}: {json.dumps(results[name])}", flush=True)
+    try:
+      for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir,
+                              checkpoint, before=before_root is not None):
+        results[name] = run_worker(spec, before_root if spec.get("before") else None)
+        print(f"{name}: {json.dumps(results[name])}", flush=True)
+    finally:
+      if before_root:
+        import shutil
+        shutil.rmtree(before_root)
   if os.path.isfile(os.path.join(args.run_dir, "hparams.json")) and not args.quick:
     results["decode_comparison"] = decode_comparison(args.run_dir, raw_dir, args.out_dir,
                                                      args.decode_before)

@@ -113,8 +113,9 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
         if not vocab_major:
           target_rows = tf.transpose(target_rows)
         grad_x += (on_target * target_rows - low * column_sum) * wd[:, None]
-        extra = (on_target * tf.math.unsorted_segment_sum(x_w, rows, vocab) -
-                 low * tf.reduce_sum(x_w, axis=0))  # [V, H]
+        x_w_sum = tf.linalg.matvec(tf.cast(x, tf.float32), wd, transpose_a=True)  # [H]
+        extra = (tf.math.unsorted_segment_sum(on_target * x_w, rows, vocab) -
+                 low * x_w_sum)  # [V, H]
         grad_table += extra if vocab_major else tf.transpose(extra)
       return tf.cast(grad_x, x.dtype), grad_table
 
