@@ -97,24 +97,32 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
       normalizing = -(confidence * tf.math.log(confidence) +
                       (v - 1.0) * low * tf.math.log(low + 1e-20))
       per_token = (confidence - low) * nll - low * (sum_z - v * log_z) - normalizing
-    g = tf.cast(backprop, x.dtype)
+    # float16 keeps G in float32 until dy (which carries the loss scale) is folded in, so that
+    # small probabilities keep the loss scale's headroom; elsewhere G is cast now and dy is
+    # applied to the [N, H] side.
+    fold_dy = x.dtype == tf.float16
+    g = backprop if fold_dy else tf.cast(backprop, x.dtype)
 
     def grad(dy):
-      wd = w * dy  # [N]
+      wd = w if fold_dy else w * dy  # [N]
+      g_dy = tf.cast(g * dy, x.dtype) if fold_dy else g
+      wd_all = w * dy  # the smoothing terms take dy directly
       x_w = tf.cast(x, tf.float32) * wd[:, None]
       x_w_low = tf.cast(x_w, x.dtype)
-      grad_x = tf.cast(tf.matmul(g, t, transpose_b=not vocab_major), tf.float32) * wd[:, None]
+      grad_x = tf.cast(tf.matmul(g_dy, t, transpose_b=not vocab_major),
+                       tf.float32) * wd[:, None]
       if vocab_major:
-        grad_table = tf.cast(tf.matmul(g, x_w_low, transpose_a=True), tf.float32)  # [V, H]
+        grad_table = tf.cast(tf.matmul(g_dy, x_w_low, transpose_a=True), tf.float32)  # [V, H]
       else:
-        grad_table = tf.cast(tf.matmul(x_w_low, g, transpose_a=True), tf.float32)  # [H, V]
+        grad_table = tf.cast(tf.matmul(x_w_low, g_dy, transpose_a=True), tf.float32)  # [H, V]
       if smoothing > 0.0:
         target_rows = tf.gather(tf.cast(t, tf.float32), rows, axis=vocab_axis)
         if not vocab_major:
           target_rows = tf.transpose(target_rows)
-        grad_x += (on_target * target_rows - low * column_sum) * wd[:, None]
-        x_w_sum = tf.linalg.matvec(tf.cast(x, tf.float32), wd, transpose_a=True)  # [H]
-        extra = (tf.math.unsorted_segment_sum(on_target * x_w, rows, vocab) -
+        grad_x += (on_target * target_rows - low * column_sum) * wd_all[:, None]
+        x_w_all = tf.cast(x, tf.float32) * wd_all[:, None] if fold_dy else x_w
+        x_w_sum = tf.linalg.matvec(tf.cast(x, tf.float32), wd_all, transpose_a=True)  # [H]
+        extra = (tf.math.unsorted_segment_sum(on_target * x_w_all, rows, vocab) -
                  low * x_w_sum)  # [V, H]
         grad_table += extra if vocab_major else tf.transpose(extra)
       return tf.cast(grad_x, x.dtype), grad_table
