@@ -68,8 +68,8 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
   and G = softmax - onehot; the logits' gradient is w (G - l + (1 - c + l) onehot) with w the
   token weights times dy. Only G meets the [N, V] matmuls; the weights are applied to their
   [N, H] operands and results, and the two smoothing terms are [N, H] and [V, H] tensors
-  (the table's rows at the targets and its column sum). The backward pass keeps G in the
-  compute dtype and nothing else of size [N, V].
+  (the table's rows at the targets and its column sum). The backward pass keeps G, in the
+  compute dtype (float32 under float16, see below), and nothing else of size [N, V].
   """
   hidden = x.shape[-1]
   x = tf.reshape(x, [-1, hidden])
