@@ -83,8 +83,9 @@ def test_dropout_zeroes_the_rate_and_keeps_the_mean():
 
 
 def test_dropout_scale_folded_into_the_next_layer_is_the_same_dropout():
-  """dropout(relu(x W1)) W2 with the keep scale applied to W2 (and b2) instead of the
-  activations, and the same for the output of a layer: values and gradients unchanged."""
+  """dropout(dropout(relu(x W1 + b1)) W2 + b2) with the inner dropout's keep scale applied to
+  W2 and the outer one's to W2 and b2, instead of to the activations: values and gradients
+  unchanged."""
   from t2t_lite.models.layers import FeedForward, Initializer, dropout, keep_scale
   ffn = FeedForward(Initializer(1), 16, 32, "ffn")
   x = tf.constant(np.random.RandomState(0).randn(40, 16).astype(np.float32))
