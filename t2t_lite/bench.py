@@ -490,11 +490,15 @@ def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: st
   if data_dir:
     for n in (1, 4):
       specs.append((f"host_syncs/n={n}", {"kind": "host_syncs", "data_dir": data_dir, "n": n}))
-  if before:  # the same configurations on the version before (same process kinds)
-    for name, spec in list(specs):
+  if before:  # the same configurations on the version before (same process kinds), each
+    # right after its "now" row, so that both see the machine in the same state
+    paired = []
+    for name, spec in specs:
+      paired.append((name, spec))
       if name in ("speed/n=1", "speed/n=1/float32", "profile/n=1") or name.startswith(
           "host_syncs/"):
-        specs.append((f"before/{name}", {**spec, "before": True}))
+        paired.append((f"before/{name}", {**spec, "before": True}))
+    specs = paired
   if data_dir and raw_dir:
     specs.append(("decode", {"kind": "decode", "data_dir": data_dir, "raw_dir": raw_dir,
                              "checkpoint": checkpoint, "sentences": 16 if quick else 200}))

@@ -44,3 +44,12 @@ def test_table_compares_packed_and_per_tensor_sums():
   assert ("| 2 local workers, transformer_tiny n=1 (55 variables): collective ops and "
           "s/update, packed / one per tensor | 1, 0.200 s / 57, 0.300 s (1.5x) |"
           in bench.table(results))
+
+
+def test_before_rows_run_right_after_their_now_rows():
+  names = [name for name, _ in bench.suite(False, "data", "raw", None, before=True)]
+  befores = [n for n in names if n.startswith("before/")]
+  assert sorted(befores) == sorted(f"before/{n}" for n in (
+      "speed/n=1", "speed/n=1/float32", "profile/n=1", "host_syncs/n=1", "host_syncs/n=4"))
+  for name in befores:
+    assert names[names.index(name) - 1] == name[len("before/"):]
