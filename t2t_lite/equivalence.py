@@ -43,13 +43,25 @@ def relative_difference(a, b) -> float:
   return max(float(tf.reduce_max(tf.abs(x - y))) for x, y in zip(a.variables, b.variables)) / scale
 
 
+def apply_ops_by_device(concrete) -> dict:
+  """{device: fused Adam kernels} in a traced step (`concrete`: a ConcreteFunction; its cond
+  branches included). Under MirroredStrategy every device applies the update to its own copy
+  of each variable, so each device appears with one kernel per variable."""
+  graph = concrete.graph.as_graph_def()
+  counts = {}
+  for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
+    if node.op == "ResourceApplyAdam":
+      counts[node.device] = counts.get(node.device, 0) + 1
+  return counts
+
+
 def mirrored_against_single(hparams, accumulate_steps: int = 2, updates: int = 3,
                             vocab: int = 60) -> dict:
   """2 mirrored replicas x b x n against 1 replica x 2b x n on ragged batches (dropout off):
   the parameters' relative difference, and the devices of the update's fused Adam kernels
   (one per variable on each device when every device updates its own copy). Needs two
   logical CPU devices (distribute.split_cpu(2) before TensorFlow starts)."""
-  from t2t_lite.learner import Learner, apply_ops_by_device
+  from t2t_lite.learner import Learner
   micro = ragged_batches(2 * accumulate_steps * updates, vocab, seed=8)
   devices = [d.name for d in tf.config.list_logical_devices("CPU")]
   strategy = tf.distribute.MirroredStrategy(devices)

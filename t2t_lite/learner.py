@@ -37,18 +37,6 @@ FLAGS_SPEC = tf.TensorSpec([2], tf.float32)
 NO_FLAGS = (0.0, 0.0)
 
 
-def apply_ops_by_device(concrete) -> dict:
-  """{device: fused Adam kernels} in a traced step (`concrete`: a ConcreteFunction; its cond
-  branches included). Under MirroredStrategy every device applies the update to its own copy
-  of each variable, so each device appears with one kernel per variable."""
-  graph = concrete.graph.as_graph_def()
-  counts = {}
-  for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
-    if node.op == "ResourceApplyAdam":
-      counts[node.device] = counts.get(node.device, 0) + 1
-  return counts
-
-
 class Window(tf.Module):
   """What the training loop reports about the updates since it last looked, kept on the
   device(s) and written inside the compiled update, so that the host reads nothing between

@@ -107,7 +107,8 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
       wd = w if fold_dy else w * dy  # [N]
       g_dy = tf.cast(g * dy, x.dtype) if fold_dy else g
       wd_all = w * dy  # the smoothing terms take dy directly
-      x_w = tf.cast(x, tf.float32) * wd[:, None]
+      x32 = tf.cast(x, tf.float32)
+      x_w = x32 * wd[:, None]
       x_w_low = tf.cast(x_w, x.dtype)
       grad_x = tf.cast(tf.matmul(g_dy, t, transpose_b=not vocab_major),
                        tf.float32) * wd[:, None]
@@ -116,12 +117,12 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
       else:
         grad_table = tf.cast(tf.matmul(x_w_low, g_dy, transpose_a=True), tf.float32)  # [H, V]
       if smoothing > 0.0:
-        target_rows = tf.gather(tf.cast(t, tf.float32), rows, axis=vocab_axis)
+        target_rows = tf.cast(tf.gather(t, rows, axis=vocab_axis), tf.float32)
         if not vocab_major:
           target_rows = tf.transpose(target_rows)
         grad_x += (on_target * target_rows - low * column_sum) * wd_all[:, None]
-        x_w_all = tf.cast(x, tf.float32) * wd_all[:, None] if fold_dy else x_w
-        x_w_sum = tf.linalg.matvec(tf.cast(x, tf.float32), wd_all, transpose_a=True)  # [H]
+        x_w_all = x32 * wd_all[:, None] if fold_dy else x_w
+        x_w_sum = tf.linalg.matvec(x32, wd_all, transpose_a=True)  # [H]
         extra = (tf.math.unsorted_segment_sum(on_target * x_w_all, rows, vocab) -
                  low * x_w_sum)  # [V, H]
         grad_table += extra if vocab_major else tf.transpose(extra)
@@ -257,12 +258,18 @@ class Transformer(tf.Module):
       x, _ = block(x, bias, seeds, memory, memory_bias)
     return self.decoder_norm(x) if self.pre_norm else x
 
-  def __call__(self, inputs, targets, seed=None):
-    """Logits [B, T, V] for `targets` given `inputs`; dropout on when `seed` is given."""
+  def _teacher_forced(self, inputs, targets, seed=None):
+    """The decoder's last states [B, T, D] for `targets` given `inputs` (the decoder reads
+    the targets shifted right); dropout on when `seed` is given."""
     seeds = None if seed is None else SeedStream(seed)
     memory, memory_bias = self.encode(inputs, seeds)
     targets_in = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
-    return self.decode(targets_in, memory, memory_bias, seeds)
+    return self._decoder_states(targets_in, memory, memory_bias, seeds)
+
+  def __call__(self, inputs, targets, seed=None):
+    """Logits [B, T, V] (float32) for `targets` given `inputs`; dropout on when `seed` is
+    given."""
+    return self._logits(self._teacher_forced(inputs, targets, seed))
 
   def loss(self, inputs, targets, seed=None, smoothing: float | None = None):
     """(summed label-smoothed loss over non-padding tokens, their count), both float32.
@@ -270,10 +277,7 @@ class Transformer(tf.Module):
     `smoothing` defaults to the hparams' label_smoothing; 0 gives the plain negative
     log-likelihood (what dev loss and perplexity report).
     """
-    seeds = None if seed is None else SeedStream(seed)
-    memory, memory_bias = self.encode(inputs, seeds)
-    targets_in = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
-    states = self._decoder_states(targets_in, memory, memory_bias, seeds)
+    states = self._teacher_forced(inputs, targets, seed)
     weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
     table = self.embedding if self.shared else self.softmax.kernel
     total = projected_cross_entropy(states, tf.convert_to_tensor(table), targets, weights,
