@@ -51,6 +51,24 @@ def test_projected_cross_entropy_equals_the_textbook_loss_and_gradients(vocab_ma
   assert padded.any() and np.all(ours[1].numpy()[padded] == 0.0)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_projected_cross_entropy_of_an_unlikely_target_is_exact(smoothing):
+  """A target whose probability underflows -log(p) (a loss above 69): log-sum-exp instead,
+  for that row only, inside the compiled step."""
+  x, table, targets, weights = _case(True, seed=2)
+  x = x * 40.0  # logits in the hundreds: most targets' p is far below 1e-30
+  compiled = tf.function(lambda *args: _loss_and_grads(projected_cross_entropy, *args))
+  ours = compiled(x, table, targets, weights, smoothing, True)
+  reference = _loss_and_grads(textbook_loss, x, table, targets, weights, smoothing, True)
+  nll = -tf.gather(tf.nn.log_softmax(tf.matmul(x, table, transpose_b=True)), targets,
+                   batch_dims=1).numpy()
+  assert (nll > 69).sum() >= 5 and (nll < 69).sum() >= 2  # both kinds of rows
+  assert np.isfinite(ours[0].numpy())
+  for name, a, b in zip(("loss", "d/dx", "d/dtable"), ours, reference):
+    error = np.max(np.abs(a.numpy() - b.numpy())) / np.max(np.abs(b.numpy()))
+    assert error < 2e-6, (name, error)
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(tf.bfloat16, 3e-2), (tf.float16, 4e-3)])
 def test_projected_cross_entropy_in_low_precision_follows_float32(dtype, tolerance):
   """float16 folds dy (the loss scale) into softmax - onehot before its cast; bfloat16 and
@@ -103,3 +121,61 @@ def test_dropout_scale_folded_into_the_next_layer_is_the_same_dropout():
   assert np.mean(unfolded[0].numpy() == 0.0) > 0.25  # dropout was on
   for a, b in zip(unfolded, folded):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6)
+
+
+def test_relu_dropout_is_dropout_of_relu():
+  """One mask for both (relu=True) against relu then dropout: values and gradients, with
+  dropout on and off."""
+  from t2t_lite.models.layers import dropout
+  x = tf.constant(np.random.RandomState(3).randn(30, 70).astype(np.float32))
+  for rate, seeds in ((0.2, _seeds), (0.2, lambda: None), (0.0, _seeds)):
+    outs = []
+    for fused in (True, False):
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = dropout(x, rate, seeds(), relu=True) if fused else dropout(tf.nn.relu(x), rate,
+                                                                      seeds())
+        loss = tf.reduce_sum(y * tf.range(70, dtype=tf.float32))
+      outs.append([y.numpy(), tape.gradient(loss, x).numpy()])
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    zeros = np.mean(outs[0][0] == 0.0)
+    on = rate > 0 and seeds() is not None
+    assert (zeros > 0.55) if on else (0.4 < zeros < 0.6)  # relu's half, + 20% of the rest
+
+
+def test_dense_and_layer_norm_gradients_equal_autodiff():
+  """The written-out bias and layer-norm gradients (row sums as products with ones, over
+  every leading axis) against automatic differentiation of the textbook formulas."""
+  from t2t_lite.models.layers import Dense, Initializer, LayerNorm
+  rng = np.random.RandomState(4)
+  x = tf.constant(rng.randn(3, 7, 16).astype(np.float32))
+  dense, norm = Dense(Initializer(2), 16, 24, True, "dense"), LayerNorm(16, 1e-6, "norm")
+  dense.bias.assign(rng.randn(24).astype(np.float32))
+  norm.scale.assign(rng.rand(16).astype(np.float32) + 0.5)
+  norm.bias.assign(rng.randn(16).astype(np.float32))
+  probe = tf.constant(rng.randn(3, 7, 24).astype(np.float32))
+
+  def textbook(x):
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    y = (x - mean) * tf.math.rsqrt(variance + 1e-6) * norm.scale + norm.bias
+    return tf.einsum("btd,de->bte", y, dense.kernel) + dense.bias
+
+  results = []
+  for fn in (lambda x: dense(norm(x)), textbook):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      loss = tf.reduce_sum(fn(x) * probe)
+    variables = [dense.kernel, dense.bias, norm.scale, norm.bias]
+    results.append([loss, *tape.gradient(loss, [x, *variables])])
+  for a, b in zip(*results):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_split_parts_and_heads_is_a_split_then_split_heads():
+  from t2t_lite.models.layers import split_heads, split_parts_and_heads
+  x = tf.constant(np.random.RandomState(5).randn(2, 5, 3 * 12).astype(np.float32))
+  ours = split_parts_and_heads(x, 3, 4)
+  for a, b in zip(ours, tf.split(x, 3, axis=-1)):
+    assert a.shape == (2, 4, 5, 3)
+    np.testing.assert_array_equal(a.numpy(), split_heads(b, 4).numpy())

@@ -64,12 +64,18 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
   other class), -sum(q log p) = (c - l) nll - l sum(log p), and sum(log p) = sum(z) - V log Z
   with sum(z) = x . (column sum of the table), so no [N, V] one-hot or sum is built.
 
-  The projection is inside the gradient, which is written out. One fused kernel gives nll
-  and G = softmax - onehot; the logits' gradient is w (G - l + (1 - c + l) onehot) with w the
-  token weights times dy. Only G meets the [N, V] matmuls; the weights are applied to their
-  [N, H] operands and results, and the two smoothing terms are [N, H] and [V, H] tensors
-  (the table's rows at the targets and its column sum). The backward pass keeps G, in the
-  compute dtype (float32 under float16, see below), and nothing else of size [N, V].
+  The projection is inside the gradient, which is written out. The logits' gradient is
+  w (p - l - (c - l) onehot), with p the softmax and w the token weights times dy. Only p
+  meets the two [N, V] matmuls; the weights are applied to their [N, H] operands and
+  results, and the one-hot and smoothing terms are [N, H] and [V, H] tensors (the table's
+  rows at the targets, a segment sum of the weighted states, and the table's column sum).
+  The backward pass keeps p, in the compute dtype (float32 under float16, see below), and
+  nothing else of size [N, V].
+
+  p is the plain softmax kernel (a fused log-softmax with its gradient costs several times
+  as much on a CPU), and nll = -log p[target]; a row whose p[target] is too small for that
+  to be accurate (below 1e-30: a loss above 69) takes log-sum-exp(z) - z[target] instead,
+  computed only when some row needs it.
   """
   hidden = x.shape[-1]
   x = tf.reshape(x, [-1, hidden])
@@ -80,52 +86,58 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
   v = tf.cast(vocab, tf.float32)
   confidence = 1.0 - smoothing
   low = smoothing / (v - 1.0)
-  on_target = 1.0 - confidence + low  # (softmax - q) - (softmax - onehot) + l, at the target
+  hit = confidence - low  # minus the one-hot's coefficient in the logits' gradient
 
   @tf.custom_gradient
   def loss(x, table):
     t = tf.cast(table, x.dtype)
-    z = tf.matmul(x, t, transpose_b=vocab_major)  # [N, V]
-    nll, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-        features=tf.cast(z, tf.float32), labels=rows)
+    z = tf.cast(tf.matmul(x, t, transpose_b=vocab_major), tf.float32)  # [N, V]
+    p = tf.nn.softmax(z)
+    index = tf.stack([tf.range(tf.size(rows)), rows], axis=1)
+    p_target = tf.gather_nd(p, index)
+    z_target = tf.gather_nd(z, index)
+    tiny = p_target < 1e-30
+    nll = tf.cond(tf.reduce_any(tiny),
+                  lambda: tf.where(tiny, tf.reduce_logsumexp(z, axis=-1) - z_target,
+                                   -tf.math.log(p_target)),
+                  lambda: -tf.math.log(p_target))
     per_token = nll
     if smoothing > 0.0:
-      index = tf.stack([tf.range(tf.size(rows)), rows], axis=1)
-      log_z = nll + tf.cast(tf.gather_nd(z, index), tf.float32)
+      log_z = nll + z_target
       column_sum = tf.reduce_sum(tf.cast(t, tf.float32), axis=vocab_axis)  # [H]
       sum_z = tf.linalg.matvec(tf.cast(x, tf.float32), column_sum)
       normalizing = -(confidence * tf.math.log(confidence) +
                       (v - 1.0) * low * tf.math.log(low + 1e-20))
       per_token = (confidence - low) * nll - low * (sum_z - v * log_z) - normalizing
-    # float16 keeps G in float32 until dy (which carries the loss scale) is folded in, so that
-    # small probabilities keep the loss scale's headroom; elsewhere G is cast now and dy is
+    # float16 keeps p in float32 until dy (which carries the loss scale) is folded in, so that
+    # small probabilities keep the loss scale's headroom; elsewhere p is cast now and dy is
     # applied to the [N, H] side.
     fold_dy = x.dtype == tf.float16
-    g = backprop if fold_dy else tf.cast(backprop, x.dtype)
+    kept = p if fold_dy else tf.cast(p, x.dtype)
 
     def grad(dy):
-      wd = w if fold_dy else w * dy  # [N]
-      g_dy = tf.cast(g * dy, x.dtype) if fold_dy else g
-      wd_all = w * dy  # the smoothing terms take dy directly
+      wd = w * dy  # [N]: the one-hot and smoothing terms take dy directly
+      wp = w if fold_dy else wd  # ... and the softmax's, unless dy is folded into p
+      p_dy = tf.cast(kept * dy, x.dtype) if fold_dy else kept
       x32 = tf.cast(x, tf.float32)
-      x_w = x32 * wd[:, None]
-      x_w_low = tf.cast(x_w, x.dtype)
-      grad_x = tf.cast(tf.matmul(g_dy, t, transpose_b=not vocab_major),
-                       tf.float32) * wd[:, None]
+      x_wp = tf.cast(x32 * wp[:, None], x.dtype)
+      grad_x = tf.cast(tf.matmul(p_dy, t, transpose_b=not vocab_major),
+                       tf.float32) * wp[:, None]
       if vocab_major:
-        grad_table = tf.cast(tf.matmul(g_dy, x_w_low, transpose_a=True), tf.float32)  # [V, H]
+        grad_table = tf.cast(tf.matmul(p_dy, x_wp, transpose_a=True), tf.float32)  # [V, H]
       else:
-        grad_table = tf.cast(tf.matmul(x_w_low, g_dy, transpose_a=True), tf.float32)  # [H, V]
+        grad_table = tf.cast(tf.matmul(x_wp, p_dy, transpose_a=True), tf.float32)  # [H, V]
+      target_rows = tf.cast(tf.gather(t, rows, axis=vocab_axis), tf.float32)
+      if not vocab_major:
+        target_rows = tf.transpose(target_rows)
+      x_wd = x32 * wd[:, None]
+      on_rows = -hit * target_rows  # [N, H]
+      on_table = -hit * tf.math.unsorted_segment_sum(x_wd, rows, vocab)  # [V, H]
       if smoothing > 0.0:
-        target_rows = tf.cast(tf.gather(t, rows, axis=vocab_axis), tf.float32)
-        if not vocab_major:
-          target_rows = tf.transpose(target_rows)
-        grad_x += (on_target * target_rows - low * column_sum) * wd_all[:, None]
-        x_w_all = x32 * wd_all[:, None] if fold_dy else x_w
-        x_w_sum = tf.linalg.matvec(x32, wd_all, transpose_a=True)  # [H]
-        extra = (tf.math.unsorted_segment_sum(on_target * x_w_all, rows, vocab) -
-                 low * x_w_sum)  # [V, H]
-        grad_table += extra if vocab_major else tf.transpose(extra)
+        on_rows -= low * column_sum
+        on_table -= low * tf.linalg.matvec(x32, wd, transpose_a=True)
+      grad_x += on_rows * wd[:, None]
+      grad_table += on_table if vocab_major else tf.transpose(on_table)
       return tf.cast(grad_x, x.dtype), grad_table
 
     return tf.reduce_sum(per_token * w), grad
