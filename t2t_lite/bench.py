@@ -68,40 +68,118 @@ def matmul_rate(dtype_name: str, size: int = 2048, repeats: int = 6) -> float:
   return 2.0 * size ** 3 * repeats / (time.perf_counter() - start)
 
 
+class _TrainMeasure:
+  """A Learner warmed up on synthetic batches, timing blocks of micro-steps on request."""
+
+  def __init__(self, spec: dict):
+    from t2t_lite import registry
+    from t2t_lite.learner import Learner
+    self.spec = spec
+    hparams = registry.hparams(spec["hparams_set"])
+    hparams.parse(spec.get("hparams", ""))
+    self.hparams, self.vocab = hparams, spec.get("vocab", 8000)
+    self.rows, self.length, self.n = spec["rows"], spec["length"], spec["n"]
+    self.learner = Learner(hparams, self.vocab, self.n, seed=1)
+    self.batches = [synthetic_batch(self.rows, self.length, self.vocab, seed=i)
+                    for i in range(4)]
+    self.done = 0
+    for _ in range(spec.get("warmup_micro_steps", self.n)):
+      self._step()
+    float(self.learner.micro_step.numpy())
+
+  def _step(self):
+    stats = self.learner.step(self.batches[self.done % 4])
+    self.done += 1
+    return stats
+
+  def block(self, micro_steps: int) -> float:
+    """Seconds of `micro_steps` micro-steps, up to their last result on the host."""
+    start = time.perf_counter()
+    for _ in range(micro_steps):
+      stats = self._step()
+    if stats is not None:
+      float(stats["loss"])
+    self.learner.update_step.numpy()
+    return time.perf_counter() - start
+
+  def result(self, micro_steps: int, seconds: float) -> dict:
+    tf = _tf()
+    from t2t_lite.models.transformer import compute_dtype
+    tokens = self.rows * self.length * micro_steps
+    flops = matmul_flops_per_batch(self.hparams, self.vocab, self.rows, self.length,
+                                   self.length) * micro_steps
+    result = {"tokens_per_second": tokens / seconds, "model_flops_per_second": flops / seconds,
+              "peak_rss_mib": _peak_rss_mib(), "compute_dtype": compute_dtype(self.hparams).name,
+              **{f"{k}_mib": v / 2 ** 20 for k, v in self.learner.state_bytes().items()}}
+    if tf.config.list_logical_devices("GPU"):
+      result["peak_gpu_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2 ** 20
+    if self.spec.get("with_matmul_rate"):
+      result["matmul_float32_flops_per_second"] = matmul_rate("float32")
+    return result
+
+
 def worker_train(spec: dict) -> dict:
   """Peak memory and steady-state tokens/s of `micro_steps` micro-steps at n = spec['n']."""
-  tf = _tf()
-  from t2t_lite import registry
-  from t2t_lite.learner import Learner
-  from t2t_lite.models.transformer import compute_dtype
-  hparams = registry.hparams(spec["hparams_set"])
-  hparams.parse(spec.get("hparams", ""))
-  n, vocab = spec["n"], spec.get("vocab", 8000)
-  rows, length = spec["rows"], spec["length"]
-  learner = Learner(hparams, vocab, n, seed=1)
-  batches = [synthetic_batch(rows, length, vocab, seed=i) for i in range(4)]
-  warmup = spec.get("warmup_micro_steps", n)
-  for i in range(warmup):
-    learner.step(batches[i % 4])
-  float(learner.micro_step.numpy())
-  measured = spec.get("micro_steps", n)
-  start = time.perf_counter()
-  for i in range(measured):
-    stats = learner.step(batches[i % 4])
-  if stats is not None:
-    float(stats["loss"])
-  learner.update_step.numpy()
-  seconds = time.perf_counter() - start
-  tokens = rows * length * measured
-  flops = matmul_flops_per_batch(hparams, vocab, rows, length, length) * measured
-  result = {"tokens_per_second": tokens / seconds, "model_flops_per_second": flops / seconds,
-            "peak_rss_mib": _peak_rss_mib(), "compute_dtype": compute_dtype(hparams).name,
-            **{f"{k}_mib": v / 2 ** 20 for k, v in learner.state_bytes().items()}}
-  if tf.config.list_logical_devices("GPU"):
-    result["peak_gpu_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2 ** 20
-  if spec.get("with_matmul_rate"):
-    result["matmul_float32_flops_per_second"] = matmul_rate("float32")
-  return result
+  measure = _TrainMeasure(spec)
+  micro_steps = spec.get("micro_steps", spec["n"])
+  return measure.result(micro_steps, measure.block(micro_steps))
+
+
+def serve_train(spec: dict) -> None:
+  """A train measurement driven over stdin/stdout by paired_train: prints "ready" once warmed
+  up, then for each line "<k>" the seconds of k more micro-steps, and for "result <k>
+  <seconds>" the result of k micro-steps in that many seconds, and exits."""
+  measure = _TrainMeasure(spec)
+  print("ready", flush=True)
+  for line in sys.stdin:
+    words = line.split()
+    if words[0] == "result":
+      print(json.dumps(measure.result(int(words[1]), float(words[2]))), flush=True)
+      return
+    print(measure.block(int(words[0])), flush=True)
+
+
+def paired_train(spec: dict, before_root: str, blocks: int = 8) -> tuple[dict, dict]:
+  """The train measurement `spec` on this version and on the one at before_root, in two
+  processes warmed up first and then run in turn, a block of micro-steps each (now, before,
+  before, now, ...), so that both see the machine in the same state however its speed drifts.
+  Returns (now, before) results, each with the block ratios of now's speed to before's."""
+  from t2t_lite import decode_speed
+  per_block = max(1, spec.get("micro_steps", spec["n"]) // blocks)
+  procs = []
+  try:
+    for root in (None, before_root):
+      proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve",
+                               json.dumps(spec)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO, env=decode_speed._environment(root))
+      procs.append(proc)
+      if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(proc.stderr.read().strip().splitlines()[-1:] or "failed")
+
+    def ask(proc, line):
+      proc.stdin.write(line + "\n")
+      proc.stdin.flush()
+      return proc.stdout.readline()
+
+    seconds, ratios = [0.0, 0.0], []
+    for b in range(blocks):
+      block = [0.0, 0.0]
+      for side in ((0, 1) if b % 2 == 0 else (1, 0)):
+        block[side] = float(ask(procs[side], str(per_block)))
+        seconds[side] += block[side]
+      ratios.append(block[1] / block[0])
+    now, before = (json.loads(ask(proc, f"result {per_block * blocks} {seconds[side]}"))
+                   for side, proc in enumerate(procs))
+  except (RuntimeError, ValueError, OSError) as e:
+    return {"error": f"paired measurement failed: {e}"}, {}
+  finally:
+    for proc in procs:
+      proc.kill()
+      proc.wait()
+  paired = {"blocks": blocks, "micro_steps_per_block": per_block,
+            "block_ratios": sorted(ratios)}
+  return {**now, **paired}, {**before, **paired}
 
 
 # Name scopes of the model (layers.py, transformer.py, optimize.py); gradient ops carry them.
@@ -490,13 +568,15 @@ def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: st
   if data_dir:
     for n in (1, 4):
       specs.append((f"host_syncs/n={n}", {"kind": "host_syncs", "data_dir": data_dir, "n": n}))
-  if before:  # the same configurations on the version before (same process kinds), each
-    # right after its "now" row, so that both see the machine in the same state
+  if before:  # the same configurations on the version before: the n=1 speeds measured in
+    # turns with now's (paired_train), the profile and host syncs right after their now rows
     paired = []
     for name, spec in specs:
+      if name in ("speed/n=1", "speed/n=1/float32"):
+        paired.append((name, {**spec, "paired": True}))
+        continue
       paired.append((name, spec))
-      if name in ("speed/n=1", "speed/n=1/float32", "profile/n=1") or name.startswith(
-          "host_syncs/"):
+      if name == "profile/n=1" or name.startswith("host_syncs/"):
         paired.append((f"before/{name}", {**spec, "before": True}))
     specs = paired
   if data_dir and raw_dir:
@@ -568,6 +648,15 @@ def _ratio(now: dict, before: dict, key: str) -> str:
   return ""
 
 
+def _turns(now: dict) -> str:
+  """How a paired measurement was taken, and the spread of its blocks' speed ratios."""
+  if "block_ratios" not in now:
+    return ""
+  r = now["block_ratios"]
+  return (f"; in turns, {now['blocks']} blocks of {now['micro_steps_per_block']} micro-steps "
+          f"each: block ratios {r[0]:.2f}-{r[-1]:.2f}")
+
+
 def before_after_rows(results: dict) -> list[str]:
   """Training speed and peak memory now against --train_before, the profile, host syncs
   per update and the mirrored-update check."""
@@ -578,7 +667,8 @@ def before_after_rows(results: dict) -> list[str]:
       rows.append(f"| {label} ({now['compute_dtype']}) n=1 tokens/s, peak RSS: {commit} / now | "
                   f"{before['tokens_per_second']:.0f}, {before['peak_rss_mib']:.0f} MiB / "
                   f"{now['tokens_per_second']:.0f}{_ratio(now, before, 'tokens_per_second')}, "
-                  f"{now['peak_rss_mib']:.0f} MiB{_ratio(now, before, 'peak_rss_mib')} |")
+                  f"{now['peak_rss_mib']:.0f} MiB{_ratio(now, before, 'peak_rss_mib')}"
+                  f"{_turns(now)} |")
   for name in ("before/profile/n=1", "profile/n=1"):
     p = results.get(name, {})
     if "shares" in p:
@@ -673,6 +763,7 @@ def table(results: dict) -> str:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--worker", help=argparse.SUPPRESS)
+  parser.add_argument("--serve", help=argparse.SUPPRESS)
   parser.add_argument("--out_dir", default="bench_out")
   parser.add_argument("--quick", action="store_true", help="tiny configurations (seconds)")
   parser.add_argument("--data_dir", default="data/multi30k_ende")
@@ -693,6 +784,9 @@ def main(argv=None) -> None:
   if args.decode_only and not os.path.isfile(os.path.join(args.run_dir, "hparams.json")):
     parser.error(f"--decode_only: --run_dir={args.run_dir} is not a trained run (no "
                  "hparams.json); run make train first or pass --run_dir")
+  if args.serve:
+    serve_train(json.loads(args.serve))
+    return
   if args.worker:
     spec = json.loads(args.worker)
     print(json.dumps(WORKERS[spec["kind"]](spec)))
@@ -727,7 +821,11 @@ def main(argv=None) -> None:
     try:
       for name, spec in suite(args.quick, args.data_dir if have_data else None, raw_dir,
                               checkpoint, before=before_root is not None):
-        results[name] = run_worker(spec, before_root if spec.get("before") else None)
+        if spec.get("paired"):
+          results[name], results[f"before/{name}"] = paired_train(spec, before_root)
+          print(f"before/{name}: {json.dumps(results[f'before/{name}'])}", flush=True)
+        else:
+          results[name] = run_worker(spec, before_root if spec.get("before") else None)
         print(f"{name}: {json.dumps(results[name])}", flush=True)
     finally:
       if before_root:

@@ -47,9 +47,27 @@ def test_table_compares_packed_and_per_tensor_sums():
 
 
 def test_before_rows_run_right_after_their_now_rows():
-  names = [name for name, _ in bench.suite(False, "data", "raw", None, before=True)]
+  suite = bench.suite(False, "data", "raw", None, before=True)
+  names = [name for name, _ in suite]
   befores = [n for n in names if n.startswith("before/")]
   assert sorted(befores) == sorted(f"before/{n}" for n in (
-      "speed/n=1", "speed/n=1/float32", "profile/n=1", "host_syncs/n=1", "host_syncs/n=4"))
+      "profile/n=1", "host_syncs/n=1", "host_syncs/n=4"))
   for name in befores:
     assert names[names.index(name) - 1] == name[len("before/"):]
+  # The n=1 speeds are measured in turns with the version before (paired_train).
+  assert sorted(n for n, spec in suite if spec.get("paired")) == ["speed/n=1",
+                                                                   "speed/n=1/float32"]
+
+
+def test_paired_train_alternates_the_two_versions():
+  """Both processes measure the same micro-steps in turns; the ratios are per block."""
+  spec = {"kind": "train", "hparams_set": "transformer_tiny", "rows": 4, "length": 6,
+          "vocab": 50, "n": 1, "warmup_micro_steps": 1, "micro_steps": 4}
+  now, before = bench.paired_train(spec, bench.REPO, blocks=2)
+  assert "error" not in now, now
+  for result in (now, before):
+    assert result["tokens_per_second"] > 0 and result["peak_rss_mib"] > 0
+    assert result["blocks"] == 2 and result["micro_steps_per_block"] == 2
+    assert len(result["block_ratios"]) == 2 and all(r > 0 for r in result["block_ratios"])
+  row = bench.before_after_rows({"speed/n=1": now, "before/speed/n=1": before})[0]
+  assert "in turns, 2 blocks of 2 micro-steps each" in row
