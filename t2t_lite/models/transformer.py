@@ -120,7 +120,8 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
       wp = w if fold_dy else wd  # ... and the softmax's, unless dy is folded into p
       p_dy = tf.cast(kept * dy, x.dtype) if fold_dy else kept
       x32 = tf.cast(x, tf.float32)
-      x_wp = tf.cast(x32 * wp[:, None], x.dtype)
+      x_wd = x32 * wd[:, None]
+      x_wp = tf.cast(x32 * wp[:, None] if fold_dy else x_wd, x.dtype)
       grad_x = tf.cast(tf.matmul(p_dy, t, transpose_b=not vocab_major),
                        tf.float32) * wp[:, None]
       if vocab_major:
@@ -130,7 +131,6 @@ def projected_cross_entropy(x, table, targets, weights, smoothing: float,
       target_rows = tf.cast(tf.gather(t, rows, axis=vocab_axis), tf.float32)
       if not vocab_major:
         target_rows = tf.transpose(target_rows)
-      x_wd = x32 * wd[:, None]
       on_rows = -hit * target_rows  # [N, H]
       on_table = -hit * tf.math.unsorted_segment_sum(x_wd, rows, vocab)  # [V, H]
       if smoothing > 0.0:
