@@ -144,18 +144,23 @@ def paired_train(spec: dict, before_root: str, blocks: int = 8) -> tuple[dict, d
   processes warmed up first and then run in turn, a block of micro-steps each (now, before,
   before, now, ...), so that both see the machine in the same state however its speed drifts.
   Returns (now, before) results, each with the block ratios of now's speed to before's."""
+  import tempfile
   from t2t_lite import decode_speed
   per_block = max(1, spec.get("micro_steps", spec["n"]) // blocks)
-  procs = []
+  procs, logs = [], []
   try:
     for root in (None, before_root):
+      # stderr to a file: TensorFlow's log lines could fill a pipe nobody reads meanwhile
+      logs.append(tempfile.TemporaryFile(mode="w+"))
       proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve",
                                json.dumps(spec)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdout=subprocess.PIPE, stderr=logs[-1], text=True,
                               cwd=REPO, env=decode_speed._environment(root))
       procs.append(proc)
       if proc.stdout.readline().strip() != "ready":
-        raise RuntimeError(proc.stderr.read().strip().splitlines()[-1:] or "failed")
+        proc.wait()
+        logs[-1].seek(0)
+        raise RuntimeError((logs[-1].read().strip().splitlines() or ["failed"])[-1])
 
     def ask(proc, line):
       proc.stdin.write(line + "\n")
@@ -177,6 +182,8 @@ def paired_train(spec: dict, before_root: str, blocks: int = 8) -> tuple[dict, d
     for proc in procs:
       proc.kill()
       proc.wait()
+    for log in logs:
+      log.close()
   paired = {"blocks": blocks, "micro_steps_per_block": per_block,
             "block_ratios": sorted(ratios)}
   return {**now, **paired}, {**before, **paired}

@@ -71,3 +71,11 @@ def test_paired_train_alternates_the_two_versions():
     assert len(result["block_ratios"]) == 2 and all(r > 0 for r in result["block_ratios"])
   row = bench.before_after_rows({"speed/n=1": now, "before/speed/n=1": before})[0]
   assert "in turns, 2 blocks of 2 micro-steps each" in row
+
+
+def test_paired_train_reports_a_failed_worker():
+  spec = {"kind": "train", "hparams_set": "no_such_hparams_set", "rows": 4, "length": 6,
+          "vocab": 50, "n": 1, "micro_steps": 2}
+  now, before = bench.paired_train(spec, bench.REPO, blocks=2)
+  assert now["error"].startswith("paired measurement failed: ") and before == {}
+  assert "no_such_hparams_set" in now["error"]

@@ -179,8 +179,9 @@ def split_heads(x, num_heads: int):
 
 def split_parts_and_heads(x, parts: int, num_heads: int):
   """[B, T, parts * D] -> `parts` tensors [B, H, T, D/H] (e.g. the queries, keys and values
-  of one fused projection): one transpose, whose slices along its first axis are views, in
-  place of a split and a transpose per part."""
+  of one fused projection): one transpose, then slices along its first axis (which
+  TensorFlow hands out without copying when their size is aligned), in place of a split
+  and a transpose per part."""
   shape = tf.shape(x)
   depth = x.shape[-1] // (parts * num_heads)
   x = tf.reshape(x, [shape[0], shape[1], parts, num_heads, depth])
@@ -230,13 +231,10 @@ class Attention(tf.Module):
     shape = tf.shape(x)
     if self.self_attention and cache is None:
       q, k, v = split_parts_and_heads(self.qkv(x), 3, self.num_heads)
-    elif self.self_attention:
+    elif self.self_attention:  # one decoding step: k, v go into the cache's buffers
       q, k, v = tf.split(self.qkv(x), 3, axis=-1)
       q = split_heads(q, self.num_heads)
-      if cache is not None:
-        k, v, new_cache = self._cached_keys(k, v, cache)
-      else:
-        k, v = split_heads(k, self.num_heads), split_heads(v, self.num_heads)
+      k, v, new_cache = self._cached_keys(k, v, cache)
     elif cache is not None:
       k, v = cache["k"], cache["v"]
       x = tf.reshape(x, [tf.shape(k)[0], -1, self.hidden])  # [B', beams * T, D]
