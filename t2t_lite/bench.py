@@ -231,23 +231,10 @@ def worker_profile(spec: dict) -> dict:
   import glob
   import tempfile
   tf = _tf()
-  from t2t_lite import registry
-  from t2t_lite.learner import Learner
-  hparams = registry.hparams(spec["hparams_set"])
-  hparams.parse(spec.get("hparams", ""))
-  n, vocab = spec["n"], spec.get("vocab", 8000)
-  learner = Learner(hparams, vocab, n, seed=1)
-  batches = [synthetic_batch(spec["rows"], spec["length"], vocab, seed=i) for i in range(4)]
-  for i in range(2 * n):
-    learner.step(batches[i % 4])
-  learner.update_step.numpy()
+  measure = _TrainMeasure({**spec, "warmup_micro_steps": 2 * spec["n"]})
   with tempfile.TemporaryDirectory() as logdir:
     tf.profiler.experimental.start(logdir)
-    start = time.perf_counter()
-    for i in range(spec["micro_steps"]):
-      learner.step(batches[i % 4])
-    learner.update_step.numpy()
-    wall = time.perf_counter() - start
+    wall = measure.block(spec["micro_steps"])
     tf.profiler.experimental.stop()
     groups, types, executing = op_breakdown(sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"),
                                            recursive=True))[-1])

@@ -79,3 +79,13 @@ def test_paired_train_reports_a_failed_worker():
   now, before = bench.paired_train(spec, bench.REPO, blocks=2)
   assert now["error"].startswith("paired measurement failed: ") and before == {}
   assert "no_such_hparams_set" in now["error"]
+
+
+def test_profile_worker_breaks_a_micro_step_down():
+  result = bench.run_worker({"kind": "profile", "hparams_set": "transformer_tiny", "rows": 8,
+                             "length": 8, "vocab": 100, "n": 2, "micro_steps": 2})
+  assert "error" not in result, result
+  assert result["seconds_per_micro_step"] > 0 and 0 <= result["host_share"] < 1
+  assert abs(sum(result["shares"].values()) - 1.0) < 1e-6
+  assert result["shares"]["matmul"] > 0 and result["shares"]["dropout"] > 0
+  assert any("MatMul" in op for op in result["op_types"])
