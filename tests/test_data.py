@@ -443,3 +443,21 @@ def test_a_longer_target_file_is_found_at_the_end_of_the_stream(tmp_path):
   result = _datagen(tmp_path, raw)
   _assert_usage_error(result, f"line counts differ: {raw}/train.en has 300 lines, "
                       f"{raw}/train.de has 301", out_dir=tmp_path / "out")
+
+
+def test_training_reads_its_shards_in_parallel_one_record_of_each_in_turn(two_part_data):
+  import tensorflow as tf
+  from tensorflow.core.framework import graph_pb2
+  problem = registry.problem("translate_folder")
+  files = problem.data_files(two_part_data["out"], "train")
+  per_file = [_shard_records(path) for path in files]
+  assert len(files) == 4 and len({len(records) for records in per_file}) > 1  # uneven
+  turns = [records[i] for i in range(max(map(len, per_file))) for records in per_file
+           if i < len(records)]
+  assert _records(files, interleave=True) == turns  # the parallel reads keep this order
+  dataset = data.examples(files, 100, interleave=True)
+  graph = graph_pb2.GraphDef.FromString(
+      tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor).numpy())
+  interleave = [node for node in graph.node if "Interleave" in node.op]
+  assert [node.op for node in interleave] == ["ParallelInterleaveDatasetV4"]
+  assert interleave[0].attr["deterministic"].s == b"true"
