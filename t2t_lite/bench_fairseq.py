@@ -1,0 +1,221 @@
+"""Training speed and peak memory against fairseq, on the same data, model and CPU.
+
+python -m t2t_lite.bench_fairseq --fairseq_bin=/path/to/fairseq-venv/bin \
+    [--data_dir=data/multi30k_ende] [--out_dir=bench_out] [--updates=100] [--rounds=1]
+
+fairseq is not a dependency of t2t-lite: point --fairseq_bin at the bin/ folder of an
+environment that has `fairseq-preprocess` and `fairseq-train` (fairseq 0.12.2 and PyTorch).
+
+Both train transformer_multi30k_cpu's model (3+3 layers, 256/1024, 4 heads, shared
+embeddings and softmax, dropout 0.1 everywhere, label smoothing 0.1, Adam) at n=1 on batches
+of at most 4,096 tokens (rows x longest sequence), on the same sentencepiece pieces: our
+training shards, written out as fairseq text and binarized with our vocabulary. Training
+tokens/s is counted on the target tokens (end-of-sentence included, padding not) of updates
+`--from_update`..`--updates`, from each program's own log, over wall time; peak RSS is the
+process's high-water mark (wait4). The programs run one after another, `--rounds` times, in
+the order fairseq, t2t-lite float32, t2t-lite default precision.
+
+Writes out_dir/fairseq.json and out_dir/fairseq.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HPARAMS_SET = "transformer_multi30k_cpu"
+
+
+def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
+  """Our training shards as fairseq's parallel text (space-separated sentencepiece pieces,
+  without our end-of-sentence id: fairseq appends its own) and its dictionary (our pieces,
+  our special ids left out). Returns the counts written."""
+  from t2t_lite import registry
+  from t2t_lite.data import parse_example
+  from t2t_lite.cli.common import import_tensorflow
+  from t2t_lite.problems.vocab import EOS_ID, PAD_ID
+  import sentencepiece as spm
+  tf = import_tensorflow()
+  problem = registry.problem(problem_name)
+  files = problem.data_files(data_dir, "train")
+  model = spm.SentencePieceProcessor(model_file=problem.vocab_file(data_dir))
+  special = {PAD_ID, EOS_ID, model.unk_id()}
+  pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]
+  counts = {"sentences": 0, "source_tokens": 0, "target_tokens": 0}
+  with open(os.path.join(work, "train.src"), "w", encoding="utf-8") as src, \
+       open(os.path.join(work, "train.tgt"), "w", encoding="utf-8") as tgt:
+    for example in tf.data.TFRecordDataset(files).map(parse_example).as_numpy_iterator():
+      for name, out in (("inputs", src), ("targets", tgt)):
+        ids = [int(i) for i in example[name] if int(i) != EOS_ID]
+        if any(i in special for i in ids):
+          ids = [i for i in ids if i not in special]  # an unknown piece: none in our data
+        out.write(" ".join(pieces[i] for i in ids) + "\n")
+        counts["source_tokens" if name == "inputs" else "target_tokens"] += len(ids) + 1
+      counts["sentences"] += 1
+  for suffix in ("src", "tgt"):  # fairseq-train loads a valid split even when not validating
+    with open(os.path.join(work, f"train.{suffix}"), encoding="utf-8") as train, \
+         open(os.path.join(work, f"valid.{suffix}"), "w", encoding="utf-8") as valid:
+      valid.writelines(line for _, line in zip(range(100), train))
+  with open(os.path.join(work, "dict.txt"), "w", encoding="utf-8") as out:
+    for i, piece in enumerate(pieces):
+      if i not in special:
+        out.write(f"{piece} 1\n")
+  return counts
+
+
+def fairseq_train_args(bin_dir: str, data: str, updates: int, seed: int) -> list[str]:
+  """fairseq-train on binarized `data` with transformer_multi30k_cpu's model, loss,
+  optimizer and batch size."""
+  return [
+      os.path.join(bin_dir, "fairseq-train"), data, "--cpu", "--task", "translation",
+      "--source-lang", "src", "--target-lang", "tgt", "--arch", "transformer",
+      "--encoder-layers", "3", "--decoder-layers", "3",
+      "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+      "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+      "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+      "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings",
+      "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+      "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+      "--optimizer", "adam", "--adam-betas", "(0.9, 0.997)", "--adam-eps", "1e-9",
+      "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "250",
+      "--max-tokens", "4096", "--max-update", str(updates), "--seed", str(seed),
+      "--log-format", "simple", "--log-interval", "10", "--num-workers", "0",
+      "--no-save", "--disable-validation", "--max-source-positions", "128",
+      "--max-target-positions", "128", "--skip-invalid-size-inputs-valid-test"]
+
+
+_FAIRSEQ_LINE = re.compile(r"\bwps=([\d.]+).*\bwpb=([\d.]+).*\bnum_updates=(\d+)")
+_T2T_LINE = re.compile(r"update (\d+)/\d+ .* ([\d.]+) tokens/s, ([\d.]+) tokens/update")
+
+
+def fairseq_progress(log: str) -> list[tuple[int, float, float]]:
+  """(update, target tokens/s, target tokens/update) of each line of fairseq's simple log:
+  every --log-interval updates it prints wps and wpb (the mean target tokens per batch) of
+  the updates since its last line, and the update count."""
+  return [(int(u), float(r), float(t)) for r, t, u in _FAIRSEQ_LINE.findall(log)]
+
+
+def t2t_progress(log: str) -> list[tuple[int, float, float]]:
+  """The same of t2t-lite's progress lines (tokens/s and tokens/update of each window)."""
+  return [(int(u), float(r), float(t)) for u, r, t in _T2T_LINE.findall(log)]
+
+
+def tokens_per_second(points: list[tuple[int, float, float]], from_update: int) -> float:
+  """Tokens over seconds of the log windows (previous line, line] that start at or after
+  `from_update`; `points`: (update, tokens/s, tokens/update) of each progress line."""
+  tokens = seconds = 0.0
+  for (start, _, _), (update, rate, per_update) in zip(points, points[1:]):
+    if start >= from_update:
+      tokens += per_update * (update - start)
+      seconds += per_update * (update - start) / rate
+  if not seconds:
+    raise ValueError(f"no progress lines after update {from_update} in the log")
+  return tokens / seconds
+
+
+def run_measured(args: list[str], log_path: str, env: dict | None = None) -> tuple[str, float]:
+  """Runs `args`, its stdout and stderr to `log_path`; returns (the log, peak RSS MiB)."""
+  with open(log_path, "w") as log:
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    _, status, usage = os.wait4(process.pid, 0)
+  process.returncode = os.waitstatus_to_exitcode(status)
+  with open(log_path) as log:
+    text = log.read()
+  if process.returncode != 0:
+    raise RuntimeError(f"{args[0]} failed (exit {process.returncode}): "
+                       f"{text.strip().splitlines()[-1] if text.strip() else ''}; see {log_path}")
+  return text, usage.ru_maxrss / 1024.0
+
+
+def t2t_train_args(data_dir: str, output_dir: str, updates: int, seed: int,
+                   mixed_precision: bool) -> list[str]:
+  trainer = os.path.join(os.path.dirname(sys.executable), "t2t-lite-trainer")
+  return [trainer, f"--hparams_set={HPARAMS_SET}",
+          f"--hparams=mixed_precision={str(mixed_precision).lower()}", f"--data_dir={data_dir}",
+          f"--output_dir={output_dir}", f"--train_steps={updates}", "--log_every=10",
+          "--local_eval_frequency=0", "--save_checkpoints_steps=0", f"--random_seed={seed}"]
+
+
+def table(results: dict) -> str:
+  """Median of the rounds per program, and the ratios to fairseq."""
+  def median(name, key):
+    return statistics.median(r[key] for r in results["rounds"][name])
+
+  base_speed, base_rss = median("fairseq", "tokens_per_second"), median("fairseq", "peak_rss_mib")
+  lines = [f"| program ({results['updates_measured']}, {len(results['rounds']['fairseq'])} "
+           "round(s), medians) | target tokens/s | vs fairseq | peak RSS MiB | vs fairseq |",
+           "|---|---|---|---|---|"]
+  for name in results["rounds"]:
+    speed, rss = median(name, "tokens_per_second"), median(name, "peak_rss_mib")
+    lines.append(f"| {name} | {speed:,.0f} | {speed / base_speed:.2f}x | {rss:,.0f} | "
+                 f"{rss / base_rss:.2f}x |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--fairseq_bin", required=True,
+                      help="bin/ folder with fairseq-preprocess and fairseq-train")
+  parser.add_argument("--data_dir", default="data/multi30k_ende")
+  parser.add_argument("--problem", default="translate_ende_multi30k")
+  parser.add_argument("--out_dir", default="bench_out")
+  parser.add_argument("--updates", type=int, default=100)
+  parser.add_argument("--from_update", type=int, default=20)
+  parser.add_argument("--rounds", type=int, default=1)
+  parser.add_argument("--seed", type=int, default=1)
+  args = parser.parse_args(argv)
+  for tool in ("fairseq-preprocess", "fairseq-train"):
+    if not os.access(os.path.join(args.fairseq_bin, tool), os.X_OK):
+      parser.error(f"--fairseq_bin={args.fairseq_bin} has no {tool}; give the bin/ folder "
+                   "of an environment with fairseq installed")
+  if not os.path.isdir(args.data_dir):
+    parser.error(f"--data_dir={args.data_dir} does not exist; run t2t-lite-datagen first "
+                 "(make train prepares data/multi30k_ende)")
+  if not 0 <= args.from_update < args.updates or args.updates % 10:
+    parser.error("--updates must be a multiple of 10 (the log interval) above --from_update")
+  os.makedirs(args.out_dir, exist_ok=True)
+  results = {"updates_measured": f"updates {args.from_update}-{args.updates}",
+             "rounds": {"fairseq": [], "t2t-lite float32": [], "t2t-lite default": []}}
+  with tempfile.TemporaryDirectory(prefix="bench_fairseq_") as work:
+    results["data"] = write_fairseq_text(args.data_dir, args.problem, work)
+    binarized = os.path.join(work, "bin")
+    subprocess.run([os.path.join(args.fairseq_bin, "fairseq-preprocess"), "--source-lang",
+                    "src", "--target-lang", "tgt", "--trainpref", os.path.join(work, "train"),
+                    "--validpref", os.path.join(work, "valid"),
+                    "--destdir", binarized, "--srcdict", os.path.join(work, "dict.txt"),
+                    "--joined-dictionary", "--workers", "2"],
+                   check=True, capture_output=True)
+    for round_index in range(args.rounds):
+      for name, rows in results["rounds"].items():
+        log_path = os.path.join(args.out_dir, f"fairseq_bench_{name.replace(' ', '_')}"
+                                f"_{round_index}.log")
+        if name == "fairseq":
+          log, rss = run_measured(fairseq_train_args(args.fairseq_bin, binarized,
+                                                     args.updates, args.seed), log_path)
+          speed = tokens_per_second(fairseq_progress(log), args.from_update)
+        else:
+          output_dir = os.path.join(work, f"run_{round_index}_{len(rows)}_{name[9:]}")
+          log, rss = run_measured(t2t_train_args(args.data_dir, output_dir, args.updates,
+                                                 args.seed, name.endswith("default")),
+                                  log_path)
+          speed = tokens_per_second(t2t_progress(log), args.from_update)
+        rows.append({"tokens_per_second": speed, "peak_rss_mib": rss})
+        print(f"round {round_index + 1}: {name}: {speed:,.0f} target tokens/s, "
+              f"peak RSS {rss:,.0f} MiB", flush=True)
+  with open(os.path.join(args.out_dir, "fairseq.json"), "w") as out:
+    json.dump(results, out, indent=1)
+  markdown = table(results)
+  with open(os.path.join(args.out_dir, "fairseq.md"), "w") as out:
+    out.write(markdown)
+  print(markdown)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,66 @@
+"""The fairseq comparison's data export, log reading and flags (fairseq itself is not a
+dependency: the comparison runs where --fairseq_bin points at an install of it)."""
+
+import os
+
+import pytest
+import sentencepiece as spm
+
+from t2t_lite import bench_fairseq, registry
+
+FAIRSEQ_LOG = """\
+2026-12-03 07:31:02 | INFO | train_inner | epoch 001:     10 / 136 loss=13.941, nll_loss=13.918, ppl=15474.6, wps=1951.6, ups=0.57, wpb=3425.8, bsz=244, num_updates=10, lr=8e-05, gnorm=3.977, train_wall=19, wall=20
+2026-12-03 07:31:18 | INFO | train_inner | epoch 001:     20 / 136 loss=12.35, nll_loss=12.194, ppl=4684.38, wps=2000, ups=0.62, wpb=3000, bsz=220, num_updates=20, lr=0.00016, gnorm=2.079, train_wall=16, wall=37
+2026-12-03 07:31:33 | INFO | train_inner | epoch 001:     30 / 136 loss=11.14, nll_loss=10.844, ppl=1837.55, wps=4000, ups=0.7, wpb=4000, bsz=200, num_updates=30, lr=0.00024, gnorm=1.401, train_wall=14, wall=51
+2026-12-03 07:31:33 | INFO | train | epoch 001 | loss 9.963 | nll_loss 9.459 | ppl 703.91 | wps 2404.2 | ups 0.7 | wpb 3432.3 | bsz 212.6 | num_updates 30 | lr 0.0008
+"""
+
+
+def test_fairseq_log_windows_give_tokens_over_seconds():
+  points = bench_fairseq.fairseq_progress(FAIRSEQ_LOG)
+  assert points == [(10, 1951.6, 3425.8), (20, 2000.0, 3000.0), (30, 4000.0, 4000.0)]
+  # After update 10: (10, 20] is 30,000 tokens in 15 s and (20, 30] 40,000 tokens in 10 s.
+  assert bench_fairseq.tokens_per_second(points, 10) == pytest.approx(70000 / 25)
+  assert bench_fairseq.tokens_per_second(points, 20) == pytest.approx(4000)
+  with pytest.raises(ValueError, match="no progress lines after update 30"):
+    bench_fairseq.tokens_per_second(points, 30)
+
+
+def test_trainer_progress_lines_are_read(tiny_run):
+  points = bench_fairseq.t2t_progress(tiny_run["first"].stderr)
+  assert [update for update, _, _ in points] == [1, 2, 3, 4]
+  assert all(rate > 0 and 0 < per_update <= 2 * 512 for _, rate, per_update in points)
+  windows = points[1:]
+  expected = (sum(t for _, _, t in windows) / sum(t / r for _, r, t in windows))
+  assert bench_fairseq.tokens_per_second(points, 1) == pytest.approx(expected)
+
+
+def test_training_shards_become_fairseq_text_with_our_pieces(multi30k_data, tmp_path):
+  import tensorflow as tf
+  from t2t_lite.data import parse_example
+  problem = registry.problem("translate_ende_multi30k")
+  counts = bench_fairseq.write_fairseq_text(multi30k_data, problem.name, str(tmp_path))
+  files = problem.data_files(multi30k_data, "train")
+  examples = list(tf.data.TFRecordDataset(files).map(parse_example).take(300)
+                  .as_numpy_iterator())
+  model = spm.SentencePieceProcessor(model_file=problem.vocab_file(multi30k_data))
+  for suffix, name in (("src", "inputs"), ("tgt", "targets")):
+    with open(tmp_path / f"train.{suffix}", encoding="utf-8") as text:
+      lines = text.read().splitlines()
+    assert len(lines) == counts["sentences"] == 29000
+    for line, example in zip(lines, examples):  # our ids, less the end-of-sentence id
+      assert [model.piece_to_id(piece) for piece in line.split(" ")] == list(example[name][:-1])
+    with open(tmp_path / f"valid.{suffix}", encoding="utf-8") as valid:
+      assert valid.read().splitlines() == lines[:100]
+  assert counts["target_tokens"] > counts["sentences"] * 5
+  with open(tmp_path / "dict.txt", encoding="utf-8") as dictionary:
+    entries = [line.split(" ") for line in dictionary.read().splitlines()]
+  assert len(entries) == model.get_piece_size() - 3  # padding, end of sentence, unknown
+  assert {piece for piece, _ in entries}.isdisjoint({"<pad>", "</s>", "<unk>"})
+
+
+def test_a_folder_without_fairseq_is_a_usage_error(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    bench_fairseq.main([f"--fairseq_bin={tmp_path}", f"--data_dir={tmp_path}"])
+  assert exit_info.value.code == 2
+  assert f"--fairseq_bin={tmp_path} has no fairseq-preprocess" in capsys.readouterr().err
