@@ -10,7 +10,7 @@ TRAIN_MINUTES ?= 25
 RUN_DIR ?= runs/multi30k_ende
 DATA_DIR ?= data/multi30k_ende
 
-.PHONY: install test train bench clean
+.PHONY: install test train bench bench-fairseq clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,18 @@ train: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m t2t_lite.bench --out_dir bench_out
+
+# Training speed and peak RSS against fairseq on the same pieces, model and batch size.
+# fairseq is not a dependency: FAIRSEQ_BIN is the bin/ folder of an environment that has it
+# (data_scripts/fairseq_env.sh DIR makes one); DATA_DIR is prepared as by `make train`.
+FAIRSEQ_BIN ?=
+FAIRSEQ_ROUNDS ?= 3
+bench-fairseq: $(STAMP)
+	@test -n "$(FAIRSEQ_BIN)" || { echo "make bench-fairseq: set FAIRSEQ_BIN=DIR/bin, an environment with fairseq (data_scripts/fairseq_env.sh DIR makes one)" >&2; exit 2; }
+	bash data_scripts/get_multi30k.sh "$(DATA_DIR)/raw" $(MULTI30K_DIR)
+	$(BIN)/t2t-lite-datagen --problem=translate_ende_multi30k --data_dir="$(DATA_DIR)" --tmp_dir="$(DATA_DIR)/raw"
+	$(BIN)/python -m t2t_lite.bench_fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
+	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS)
 
 clean:
 	rm -rf $(VENV) runs data bench_out

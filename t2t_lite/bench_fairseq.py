@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from t2t_lite.files import write_atomic
+
 HPARAMS_SET = "transformer_multi30k_cpu"
 
 
@@ -133,13 +135,23 @@ def run_measured(args: list[str], log_path: str, env: dict | None = None) -> tup
   return text, usage.ru_maxrss / 1024.0
 
 
-def t2t_train_args(data_dir: str, output_dir: str, updates: int, seed: int,
+def t2t_train_args(problem: str, data_dir: str, output_dir: str, updates: int, seed: int,
                    mixed_precision: bool) -> list[str]:
   trainer = os.path.join(os.path.dirname(sys.executable), "t2t-lite-trainer")
-  return [trainer, f"--hparams_set={HPARAMS_SET}",
+  return [trainer, f"--problem={problem}", f"--hparams_set={HPARAMS_SET}",
           f"--hparams=mixed_precision={str(mixed_precision).lower()}", f"--data_dir={data_dir}",
           f"--output_dir={output_dir}", f"--train_steps={updates}", "--log_every=10",
           "--local_eval_frequency=0", "--save_checkpoints_steps=0", f"--random_seed={seed}"]
+
+
+def cpu_model() -> str:
+  """The CPU's model name and core count, as /proc/cpuinfo gives them."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      names = re.findall(r"^model name\s*:\s*(.+)$", f.read(), flags=re.M)
+  except OSError:
+    names = []
+  return f"{names[0] if names else 'unknown CPU'}, {os.cpu_count()} cores"
 
 
 def table(results: dict) -> str:
@@ -148,7 +160,8 @@ def table(results: dict) -> str:
     return statistics.median(r[key] for r in results["rounds"][name])
 
   base_speed, base_rss = median("fairseq", "tokens_per_second"), median("fairseq", "peak_rss_mib")
-  lines = [f"| program ({results['updates_measured']}, {len(results['rounds']['fairseq'])} "
+  lines = [f"{results['cpu']}; default precision {results['default_precision']}.", "",
+           f"| program ({results['updates_measured']}, {len(results['rounds']['fairseq'])} "
            "round(s), medians) | target tokens/s | vs fairseq | peak RSS MiB | vs fairseq |",
            "|---|---|---|---|---|"]
   for name in results["rounds"]:
@@ -156,6 +169,20 @@ def table(results: dict) -> str:
     lines.append(f"| {name} | {speed:,.0f} | {speed / base_speed:.2f}x | {rss:,.0f} | "
                  f"{rss / base_rss:.2f}x |")
   return "\n".join(lines) + "\n"
+
+
+def _measure(name: str, args, binarized: str, work: str, round_index: int):
+  """(target tokens/s, peak RSS MiB) of one training run of program `name`."""
+  slug = name.replace(" ", "_")
+  log_path = os.path.join(args.out_dir, f"fairseq_bench_{slug}_{round_index}.log")
+  if name == "fairseq":
+    log, rss = run_measured(
+        fairseq_train_args(args.fairseq_bin, binarized, args.updates, args.seed), log_path)
+    return tokens_per_second(fairseq_progress(log), args.from_update), rss
+  output_dir = os.path.join(work, f"{slug}_{round_index}")
+  log, rss = run_measured(t2t_train_args(args.problem, args.data_dir, output_dir, args.updates,
+                                         args.seed, name.endswith("default")), log_path)
+  return tokens_per_second(t2t_progress(log), args.from_update), rss
 
 
 def main(argv=None) -> None:
@@ -183,6 +210,9 @@ def main(argv=None) -> None:
   os.makedirs(args.out_dir, exist_ok=True)
   results = {"updates_measured": f"updates {args.from_update}-{args.updates}",
              "rounds": {"fairseq": [], "t2t-lite float32": [], "t2t-lite default": []}}
+  from t2t_lite.models.transformer import cpu_has_fast_bfloat16
+  results["cpu"] = cpu_model()
+  results["default_precision"] = "bfloat16" if cpu_has_fast_bfloat16() else "float32"
   with tempfile.TemporaryDirectory(prefix="bench_fairseq_") as work:
     results["data"] = write_fairseq_text(args.data_dir, args.problem, work)
     binarized = os.path.join(work, "bin")
@@ -194,26 +224,13 @@ def main(argv=None) -> None:
                    check=True, capture_output=True)
     for round_index in range(args.rounds):
       for name, rows in results["rounds"].items():
-        log_path = os.path.join(args.out_dir, f"fairseq_bench_{name.replace(' ', '_')}"
-                                f"_{round_index}.log")
-        if name == "fairseq":
-          log, rss = run_measured(fairseq_train_args(args.fairseq_bin, binarized,
-                                                     args.updates, args.seed), log_path)
-          speed = tokens_per_second(fairseq_progress(log), args.from_update)
-        else:
-          output_dir = os.path.join(work, f"run_{round_index}_{len(rows)}_{name[9:]}")
-          log, rss = run_measured(t2t_train_args(args.data_dir, output_dir, args.updates,
-                                                 args.seed, name.endswith("default")),
-                                  log_path)
-          speed = tokens_per_second(t2t_progress(log), args.from_update)
+        speed, rss = _measure(name, args, binarized, work, round_index)
         rows.append({"tokens_per_second": speed, "peak_rss_mib": rss})
         print(f"round {round_index + 1}: {name}: {speed:,.0f} target tokens/s, "
               f"peak RSS {rss:,.0f} MiB", flush=True)
-  with open(os.path.join(args.out_dir, "fairseq.json"), "w") as out:
-    json.dump(results, out, indent=1)
   markdown = table(results)
-  with open(os.path.join(args.out_dir, "fairseq.md"), "w") as out:
-    out.write(markdown)
+  write_atomic(os.path.join(args.out_dir, "fairseq.json"), json.dumps(results, indent=1))
+  write_atomic(os.path.join(args.out_dir, "fairseq.md"), markdown)
   print(markdown)
 
 

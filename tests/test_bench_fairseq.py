@@ -64,3 +64,20 @@ def test_a_folder_without_fairseq_is_a_usage_error(tmp_path, capsys):
     bench_fairseq.main([f"--fairseq_bin={tmp_path}", f"--data_dir={tmp_path}"])
   assert exit_info.value.code == 2
   assert f"--fairseq_bin={tmp_path} has no fairseq-preprocess" in capsys.readouterr().err
+
+
+def test_table_gives_each_programs_median_and_its_ratio_to_fairseq():
+  def rounds(*pairs):
+    return [{"tokens_per_second": speed, "peak_rss_mib": rss} for speed, rss in pairs]
+
+  results = {"cpu": "Some CPU, 2 cores", "default_precision": "bfloat16",
+             "updates_measured": "updates 20-100",
+             "rounds": {"fairseq": rounds((2000, 2000), (2500, 2100), (2400, 1900)),
+                        "t2t-lite float32": rounds((3600, 1700), (3700, 1700), (3000, 1800)),
+                        "t2t-lite default": rounds((7200, 1600), (6000, 1700), (7000, 1640))}}
+  text = bench_fairseq.table(results)
+  assert text.startswith("Some CPU, 2 cores; default precision bfloat16.")
+  assert "| program (updates 20-100, 3 round(s), medians) |" in text
+  assert "| fairseq | 2,400 | 1.00x | 2,000 | 1.00x |" in text
+  assert "| t2t-lite float32 | 3,600 | 1.50x | 1,700 | 0.85x |" in text
+  assert "| t2t-lite default | 7,000 | 2.92x | 1,640 | 0.82x |" in text
