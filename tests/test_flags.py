@@ -20,21 +20,33 @@ def _programs() -> list[str]:
     return sorted(tomllib.load(f)["project"]["scripts"])
 
 
-def _numeric_flags(program: str) -> dict[str, str]:
-  """{flag: 'integer' or 'number'} of the program's own module, from --helpfull."""
+def _own_section(program: str) -> str:
+  """The flags of the program's own module, as its --helpfull lists them."""
   text = cli(program, "--helpfull").stdout  # absl exits 1 after printing the help
   module = "t2t_lite.cli." + program.removeprefix("t2t-lite-").replace("-", "_") + ":"
   assert module in text, f"{program} --helpfull has no section {module}"
   section = text.split(module, 1)[1]
-  section = re.split(r"\n\S", section, maxsplit=1)[0]  # up to the next module's section
+  return re.split(r"\n\S", section, maxsplit=1)[0]  # up to the next module's section
+
+
+def _numeric_flags(program: str) -> dict[str, str]:
+  """{flag: 'integer' or 'number'} of the program's own module, from --helpfull."""
   found = {}
-  for block in re.split(r"\n  --", "\n" + section):
+  for block in re.split(r"\n  --", "\n" + _own_section(program)):
     name = block.split(":", 1)[0].strip().removeprefix("--")
     if "(an integer)" in block:
       found[name] = "integer"
     elif re.search(r"\(a (non-negative )?number\)", block):
       found[name] = "number"
   return found
+
+
+@pytest.mark.parametrize("program", _programs())
+def test_help_lists_the_programs_own_flags(program):
+  own = set(re.findall(r"^  --(?:\[no\])?(\w+)", _own_section(program), flags=re.M))
+  assert len(own) >= 3, own
+  shown = set(re.findall(r"^  --(?:\[no\])?(\w+)", cli(program, "--help").stdout, flags=re.M))
+  assert own | {"debug"} <= shown, sorted(own - shown)
 
 
 def _cases():

@@ -71,6 +71,12 @@ def run(main, program: str) -> None:
   a usage error costs no TensorFlow start-up.
   """
 
+  # --help lists the key flags of the main module, which for an installed script is the
+  # script, not the module that defines the program's flags: name them key flags of both.
+  for module in (main.__module__, __name__):
+    for flag in FLAGS.get_key_flags_for_module(module):
+      FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
   def parse(argv):
     try:
       rest = FLAGS(argv)
