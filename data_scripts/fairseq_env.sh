@@ -18,7 +18,7 @@ python=${PYTHON:-python3}
 
 "$python" -m venv "$dir"
 "$dir/bin/pip" install -q "pip<24.1"
-"$dir/bin/pip" install -q "setuptools<70" wheel "cython==3.3.1" "numpy==1.26.4" "torch==2.14.1"
+"$dir/bin/pip" install -q "setuptools==84.2.1" wheel "cython==3.3.1" "numpy==1.26.4" "torch==2.14.1"
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 "$dir/bin/pip" download -q --no-deps --no-build-isolation -d "$src" "fairseq==0.12.2"
@@ -59,7 +59,8 @@ open(path, "w").write(text)
 EOF
 )
 "$dir/bin/pip" install -q --no-build-isolation "$src/fairseq-0.12.2"
-hydra_conf=$("$dir/bin/python" -c "import hydra, os; print(os.path.join(os.path.dirname(hydra.__file__), 'conf', '__init__.py'))")
+site=$("$dir/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+hydra_conf=$site/hydra/conf/__init__.py  # importing hydra would fail before the fix
 "$python" -c "$fix_defaults" "$hydra_conf"
 "$dir/bin/fairseq-train" --help > /dev/null
 echo "fairseq 0.12.2 in $dir: make bench-fairseq FAIRSEQ_BIN=$dir/bin"
