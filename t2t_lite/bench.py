@@ -79,7 +79,8 @@ class _TrainMeasure:
     hparams.parse(spec.get("hparams", ""))
     self.hparams, self.vocab = hparams, spec.get("vocab", 8000)
     self.rows, self.length, self.n = spec["rows"], spec["length"], spec["n"]
-    self.learner = Learner(hparams, self.vocab, self.n, seed=1)
+    self.learner = Learner(hparams, self.vocab, self.n, seed=1,
+                           xla_compile=spec.get("xla_compile", False))
     self.batches = [synthetic_batch(self.rows, self.length, self.vocab, seed=i)
                     for i in range(4)]
     self.done = 0
@@ -549,6 +550,8 @@ def suite(quick: bool, data_dir: str | None, raw_dir: str | None, checkpoint: st
   specs.append(("speed/n=1/float32", {
       "kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2, "micro_steps": steady,
       "hparams": "mixed_precision=false", "with_matmul_rate": True}))
+  specs.append(("speed/n=1/xla", {"kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2,
+                                  "micro_steps": steady, "xla_compile": True}))
   specs.append(("keras/exactness", {"kind": "keras"}))
   specs.append(("two_workers/transformer_tiny/n=1", {
       "kind": "cluster", "hparams_set": "transformer_tiny", "rows": 8 if quick else 32,
@@ -720,6 +723,11 @@ def table(results: dict) -> str:
                     f"/ float32 matmul FLOP/s | {r['tokens_per_second']:.0f}, "
                     f"{r['model_flops_per_second'] / 1e9:.0f} / "
                     f"{r['matmul_float32_flops_per_second'] / 1e9:.0f} GFLOP/s = {mfu:.0%} |")
+    xla = results.get("speed/n=1/xla", {})
+    if "tokens_per_second" in xla:
+      rows.append(f"| --xla_compile ({xla['compute_dtype']}, n=1): tokens/s with / without | "
+                  f"{xla['tokens_per_second']:.0f} / {s1['tokens_per_second']:.0f} "
+                  f"({xla['tokens_per_second'] / s1['tokens_per_second']:.2f}x) |")
   rows.extend(before_after_rows(results))
   k = results.get("keras/exactness", {})
   if "keras_relative_difference" in k:

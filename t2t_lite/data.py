@@ -66,26 +66,35 @@ def examples(files: list[str], max_length: int, shard: tuple[int, int] | None = 
 
 
 def batched(dataset: tf.data.Dataset, batch_size: int, max_length: int,
-            min_length_bucket: int = 8, length_bucket_step: float = 1.1) -> tf.data.Dataset:
+            min_length_bucket: int = 8, length_bucket_step: float = 1.1,
+            pad_to_bucket_boundary: bool = False) -> tf.data.Dataset:
+  """Token-bucketed batches. `pad_to_bucket_boundary`: every batch of a bucket padded to the
+  bucket's longest length (one shape per bucket, as XLA wants; more padding)."""
   check_batch_size(batch_size, max_length)
   boundaries = bucket_boundaries(max_length, min_length_bucket, length_bucket_step)
   return dataset.bucket_by_sequence_length(
       _length, boundaries, bucket_batch_sizes(boundaries, batch_size),
-      padded_shapes={"inputs": [None], "targets": [None]})
+      # TensorShapes, not lists: a list's None is taken for a whole shape, which leaves
+      # nothing for pad_to_bucket_boundary to fill.
+      padded_shapes={name: tf.TensorShape([None]) for name in ("inputs", "targets")},
+      pad_to_bucket_boundary=pad_to_bucket_boundary)
 
 
 def train_dataset(files: list[str], hparams, seed: int, batch_size: int | None = None,
-                  shard: tuple[int, int] | None = None) -> tf.data.Dataset:
+                  shard: tuple[int, int] | None = None,
+                  pad_to_bucket_boundary: bool = False) -> tf.data.Dataset:
   """Endless, shuffled (with `seed`), token-bucketed training batches.
 
   The shards `files` (already shuffled by datagen) are read interleaved, all at once.
   `shard` = (index, count) splits the examples between input pipelines (workers).
+  `pad_to_bucket_boundary`: see `batched`.
   """
   dataset = examples(files, hparams.max_length, shard, interleave=True)
   dataset = dataset.shuffle(hparams.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
   dataset = dataset.repeat()
   dataset = batched(dataset, batch_size or hparams.batch_size, hparams.max_length,
-                    hparams.min_length_bucket, hparams.length_bucket_step)
+                    hparams.min_length_bucket, hparams.length_bucket_step,
+                    pad_to_bucket_boundary)
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 

@@ -114,7 +114,9 @@ class Learner:
 
   def __init__(self, hparams, vocab_size: int, accumulate_steps: int | AccumulateSchedule,
                seed: int = 1, strategy: tf.distribute.Strategy | None = None,
-               faults: faults_lib.NoFaults | None = None):
+               faults: faults_lib.NoFaults | None = None, xla_compile: bool = False):
+    """`xla_compile`: each replica's forward and backward pass is compiled by XLA (once per
+    batch shape); the accumulation, cross-replica sum and update are not."""
     hparams_check.check(hparams)
     self.hparams = hparams
     self.schedule = (accumulate_steps if isinstance(accumulate_steps, AccumulateSchedule)
@@ -161,6 +163,9 @@ class Learner:
     signature = None if self.replicas > 1 else [BATCH_SPEC]
     compile_fn = lambda fn, signature: tf.function(  # noqa: E731
         fn, input_signature=signature, reduce_retracing=True, autograph=False)
+    self._loss_gradients = (
+        tf.function(self._loss_gradients_of, jit_compile=True, autograph=False)
+        if xla_compile else self._loss_gradients_of)
     self.micro_step_fn = compile_fn(self._distributed_micro_step, signature)
     self.fused_step_fn = compile_fn(self._distributed_fused_step,
                                     signature and [BATCH_SPEC, FLAGS_SPEC])
@@ -198,6 +203,10 @@ class Learner:
       replica = tf.distribute.get_replica_context().replica_id_in_sync_group
       seed = tf.stack([tf.constant(self.seed, tf.int64),
                        self.micro_step * self.replicas + tf.cast(replica, tf.int64)])
+    return self._loss_gradients(batch, seed)
+
+  def _loss_gradients_of(self, batch, seed):
+    """The forward and backward pass of `_gradients` (what XLA compiles, if asked)."""
     with tf.GradientTape() as tape:
       loss, tokens = self.model.loss(batch["inputs"], batch["targets"], seed)
       scaled = self.faults.loss(loss, self.micro_step + 1)  # the loss itself, but in tests

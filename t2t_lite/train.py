@@ -59,6 +59,8 @@ class RunOptions:
   warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
   warm_start_optimizer: bool = False    # ... and its Adam slots
   allow_hparams_change: bool = False    # resume on a layout with other tokens per update
+  xla_compile: bool = False             # XLA for the forward and backward pass; batches
+                                        # padded to their bucket's boundary (a shape each)
 
 
 def _layout(replicas: int, steps: int) -> str:
@@ -109,7 +111,7 @@ class Trainer:
     self.vocab = problem.get_vocab(options.data_dir)
     self.faults = faults_lib.from_environment()
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
-                           self.strategy, self.faults)
+                           self.strategy, self.faults, options.xla_compile)
     self._train_files = problem.data_files(options.data_dir, "train")
     self.dev_files = problem.data_files(options.data_dir, "dev")
     self.iterators = self._make_iterators(self._train_files)
@@ -152,8 +154,9 @@ class Trainer:
     self.replica_ids = [int(i) for i in self.strategy.experimental_local_results(ids)]
     # "iterator_0" and shard (0, 1): the name and pipeline of the one-replica runs before
     # the stream was shared, whose checkpoints therefore still resume exactly.
-    return {"iterator_0": iter(data_lib.train_dataset(files, self.hparams, self.options.seed,
-                                                      shard=(0, 1)))}
+    return {"iterator_0": iter(data_lib.train_dataset(
+        files, self.hparams, self.options.seed, shard=(0, 1),
+        pad_to_bucket_boundary=self.options.xla_compile))}
 
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""

@@ -70,6 +70,24 @@ def test_batches_fit_batch_size_and_one_epoch_has_every_example_once(multi30k_da
   assert 900 < len(expected) < all_examples, "max_length=40 should drop a few dev pairs"
 
 
+def test_batches_padded_to_their_bucket_boundary_hold_the_same_sentences(multi30k_data):
+  """--xla_compile's pipeline: one shape per bucket, the same batches otherwise."""
+  files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
+  hparams = tiny_hparams(batch_size=256, max_length=64)
+  widths = {b - 1 for b in data.bucket_boundaries(64)}
+  plain = list(data.train_dataset(files, hparams, seed=3).take(60))
+  padded = list(data.train_dataset(files, hparams, seed=3, pad_to_bucket_boundary=True)
+                .take(60))
+  plain_shapes = {(b["inputs"].shape[1], b["targets"].shape[1]) for b in plain}
+  assert len(plain_shapes) > len({(b["inputs"].shape[1],) for b in padded}) > 5
+  for before, after in zip(plain, padded):
+    assert after["inputs"].shape == after["targets"].shape
+    rows, width = after["inputs"].shape
+    assert width in widths and rows * width <= 256, (rows, width)
+    assert width >= max(before["inputs"].shape[1], before["targets"].shape[1])
+    assert _sequences(after) == _sequences(before)
+
+
 def test_training_batches_fit_and_pad_little(multi30k_data):
   files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
   hparams = registry.hparams("transformer_multi30k_cpu")

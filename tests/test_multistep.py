@@ -123,3 +123,22 @@ def test_plan_arithmetic():
   assert base_on_8.tokens_per_update == p.tokens_per_update
   with pytest.raises(UsageError, match="--train_steps=0"):
     plan(hparams, 1, 0)
+
+
+def test_xla_compiled_passes_give_the_same_loss_gradients_and_dropout_masks():
+  hparams = tiny_hparams()  # dropout on: the masks must be the same bits under XLA
+  assert hparams.layer_prepostprocess_dropout > 0 and hparams.relu_dropout > 0
+  batches = ragged_batches(2, seed=4)
+  plain = Learner(hparams, VOCAB, accumulate_steps=2, seed=5)
+  xla = Learner(hparams, VOCAB, accumulate_steps=2, seed=5, xla_compile=True)
+  assert xla._loss_gradients._jit_compile and not hasattr(plain._loss_gradients, "_jit_compile")
+  for learner in (plain, xla):
+    for batch in batches:
+      learner.micro_step_fn(batch)
+  assert float(xla.accumulator.tokens.numpy()) == float(plain.accumulator.tokens.numpy())
+  loss, xla_loss = float(plain.accumulator.loss.numpy()), float(xla.accumulator.loss.numpy())
+  assert abs(xla_loss - loss) < 1e-5 * loss, (xla_loss, loss)
+  scale = max(float(tf.reduce_max(tf.abs(g))) for g in plain.accumulator.gradients)
+  worst = max(float(tf.reduce_max(tf.abs(a - b))) for a, b in
+              zip(xla.accumulator.gradients, plain.accumulator.gradients)) / scale
+  assert worst < 1e-5, worst

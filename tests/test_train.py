@@ -102,6 +102,20 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data, 
   assert "trained 5 updates (10 micro-steps)" in resumed.stdout
 
 
+def test_xla_compile_continues_a_run(tiny_run, tmp_path):
+  """A run trained without XLA resumes with --xla_compile: the data iterator restores into
+  the pipeline padded to bucket boundaries, and the compiled passes train on."""
+  copy = str(tmp_path / "run")
+  shutil.copytree(tiny_run["output_dir"], copy)
+  resumed = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={copy}", "--train_steps=5",
+                "--local_eval_frequency=0", "--xla_compile", check=True)
+  assert "XLA: forward and backward pass compiled once per batch shape" in resumed.stdout
+  assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
+  line = next(line for line in resumed.stderr.splitlines() if "update 5/5 (micro-step 10)" in line)
+  assert 0 < float(line.split("loss ")[1].split(",")[0]) < 20, line
+  assert "trained 5 updates (10 micro-steps)" in resumed.stdout
+
+
 def test_resume_with_other_hparams_is_refused(tiny_run):
   output_dir = tiny_run["output_dir"]
   flags = [f for f in TINY_FLAGS if not f.startswith("--hparams=")]

@@ -66,6 +66,10 @@ flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit with
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
                   "hparams set or changed values.")
 flags.DEFINE_bool("deterministic", False, "Deterministic TensorFlow ops (slower).")
+flags.DEFINE_bool("xla_compile", False, "Compile each micro-step's forward and backward pass "
+                  "with XLA, once per batch shape; training batches are padded to their "
+                  "length bucket's boundary, so there is one shape per bucket. For GPUs: on "
+                  "CPUs it trains slower.")
 FLAGS = flags.FLAGS
 
 
@@ -128,6 +132,9 @@ def main() -> None:
              f"Adam slots: {_format_bytes(params * 8)}; accumulators: "
              f"{_format_bytes(accumulators)}"
              + (" (none with accumulate steps 1)" if not accumulators else "")]
+  if FLAGS.xla_compile:
+    summary.append("XLA: forward and backward pass compiled once per batch shape (training "
+                   "batches padded to their length bucket's boundary)")
   if FLAGS.dry_run:
     print("\n".join(summary))
     print("hparams:")
@@ -156,7 +163,7 @@ def main() -> None:
       early_stopping_delta=FLAGS.eval_early_stopping_metric_delta,
       warm_start_from=FLAGS.warm_start_from or "",
       warm_start_optimizer=FLAGS.warm_start_optimizer,
-      allow_hparams_change=FLAGS.allow_hparams_change)
+      allow_hparams_change=FLAGS.allow_hparams_change, xla_compile=FLAGS.xla_compile)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:

@@ -58,8 +58,10 @@ def dropout(x, rate: float, seeds: SeedStream | None, scaled: bool = True,
 
 def _dropout(x, rate, seeds, scale, relu):
   size = tf.size(x)
+  # Philox named, not left to auto-selection: XLA would pick another generator, and a run
+  # with --xla_compile would draw other masks than the same run without it.
   words = tf.random.stateless_uniform([(size + 3) // 4], seeds.next(), minval=None,
-                                      maxval=None, dtype=tf.int64)
+                                      maxval=None, dtype=tf.int64, alg="philox")
   quarters = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
   keep = tf.reshape(quarters >= tf.constant(_threshold(rate), tf.uint16), tf.shape(x))
   if relu:
