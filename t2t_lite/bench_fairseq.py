@@ -54,9 +54,8 @@ def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
        open(os.path.join(work, "train.tgt"), "w", encoding="utf-8") as tgt:
     for example in tf.data.TFRecordDataset(files).map(parse_example).as_numpy_iterator():
       for name, out in (("inputs", src), ("targets", tgt)):
-        ids = [int(i) for i in example[name] if int(i) != EOS_ID]
-        if any(i in special for i in ids):
-          ids = [i for i in ids if i not in special]  # an unknown piece: none in our data
+        # Our end of sentence goes (fairseq appends its own), and so would an unknown piece.
+        ids = [i for i in map(int, example[name]) if i not in special]
         out.write(" ".join(pieces[i] for i in ids) + "\n")
         counts["source_tokens" if name == "inputs" else "target_tokens"] += len(ids) + 1
       counts["sentences"] += 1
