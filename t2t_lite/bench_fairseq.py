@@ -21,6 +21,7 @@ Writes out_dir/fairseq.json and out_dir/fairseq.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -50,19 +51,20 @@ def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
   special = {PAD_ID, EOS_ID, model.unk_id()}
   pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]
   counts = {"sentences": 0, "source_tokens": 0, "target_tokens": 0}
-  with open(os.path.join(work, "train.src"), "w", encoding="utf-8") as src, \
-       open(os.path.join(work, "train.tgt"), "w", encoding="utf-8") as tgt:
+  with contextlib.ExitStack() as stack:
+    out = {(split, side): stack.enter_context(
+               open(os.path.join(work, f"{split}.{side}"), "w", encoding="utf-8"))
+           for split in ("train", "valid") for side in ("src", "tgt")}
     for example in tf.data.TFRecordDataset(files).map(parse_example).as_numpy_iterator():
-      for name, out in (("inputs", src), ("targets", tgt)):
+      for name, side in (("inputs", "src"), ("targets", "tgt")):
         # Our end of sentence goes (fairseq appends its own), and so would an unknown piece.
         ids = [i for i in map(int, example[name]) if i not in special]
-        out.write(" ".join(pieces[i] for i in ids) + "\n")
-        counts["source_tokens" if name == "inputs" else "target_tokens"] += len(ids) + 1
+        line = " ".join(pieces[i] for i in ids) + "\n"
+        out["train", side].write(line)
+        if counts["sentences"] < 100:  # fairseq-train loads a valid split even unused
+          out["valid", side].write(line)
+        counts["source_tokens" if side == "src" else "target_tokens"] += len(ids) + 1
       counts["sentences"] += 1
-  for suffix in ("src", "tgt"):  # fairseq-train loads a valid split even when not validating
-    with open(os.path.join(work, f"train.{suffix}"), encoding="utf-8") as train, \
-         open(os.path.join(work, f"valid.{suffix}"), "w", encoding="utf-8") as valid:
-      valid.writelines(line for _, line in zip(range(100), train))
   with open(os.path.join(work, "dict.txt"), "w", encoding="utf-8") as out:
     for i, piece in enumerate(pieces):
       if i not in special:
@@ -70,25 +72,33 @@ def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
   return counts
 
 
-def fairseq_train_args(bin_dir: str, data: str, updates: int, seed: int) -> list[str]:
-  """fairseq-train on binarized `data` with transformer_multi30k_cpu's model, loss,
-  optimizer and batch size."""
+def fairseq_train_args(bin_dir: str, data: str, updates: int, seed: int,
+                       hparams) -> list[str]:
+  """fairseq-train on binarized `data` with the model, loss, optimizer, peak learning rate,
+  warmup and batch size of `hparams` (pre-norm, shared embeddings and softmax)."""
+  from t2t_lite.optimize import learning_rate
+  peak = float(learning_rate(hparams, hparams.learning_rate_warmup_steps))
+  h = hparams
   return [
       os.path.join(bin_dir, "fairseq-train"), data, "--cpu", "--task", "translation",
       "--source-lang", "src", "--target-lang", "tgt", "--arch", "transformer",
-      "--encoder-layers", "3", "--decoder-layers", "3",
-      "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-      "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-      "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+      "--encoder-layers", str(h.num_encoder_layers), "--decoder-layers", str(h.num_decoder_layers),
+      "--encoder-embed-dim", str(h.hidden_size), "--decoder-embed-dim", str(h.hidden_size),
+      "--encoder-ffn-embed-dim", str(h.filter_size), "--decoder-ffn-embed-dim", str(h.filter_size),
+      "--encoder-attention-heads", str(h.num_heads), "--decoder-attention-heads", str(h.num_heads),
       "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings",
-      "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
-      "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-      "--optimizer", "adam", "--adam-betas", "(0.9, 0.997)", "--adam-eps", "1e-9",
-      "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "250",
-      "--max-tokens", "4096", "--max-update", str(updates), "--seed", str(seed),
+      "--dropout", str(h.layer_prepostprocess_dropout),
+      "--attention-dropout", str(h.attention_dropout),
+      "--activation-dropout", str(h.relu_dropout),
+      "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(h.label_smoothing),
+      "--optimizer", "adam",
+      "--adam-betas", f"({h.optimizer_adam_beta1}, {h.optimizer_adam_beta2})",
+      "--adam-eps", str(h.optimizer_adam_epsilon), "--lr", f"{peak:.6g}",
+      "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(h.learning_rate_warmup_steps),
+      "--max-tokens", str(h.batch_size), "--max-update", str(updates), "--seed", str(seed),
       "--log-format", "simple", "--log-interval", "10", "--num-workers", "0",
-      "--no-save", "--disable-validation", "--max-source-positions", "128",
-      "--max-target-positions", "128", "--skip-invalid-size-inputs-valid-test"]
+      "--no-save", "--disable-validation", "--max-source-positions", str(h.max_length),
+      "--max-target-positions", str(h.max_length), "--skip-invalid-size-inputs-valid-test"]
 
 
 _FAIRSEQ_LINE = re.compile(r"\bwps=([\d.]+).*\bwpb=([\d.]+).*\bnum_updates=(\d+)")
@@ -175,8 +185,10 @@ def _measure(name: str, args, binarized: str, work: str, round_index: int):
   slug = name.replace(" ", "_")
   log_path = os.path.join(args.out_dir, f"fairseq_bench_{slug}_{round_index}.log")
   if name == "fairseq":
-    log, rss = run_measured(
-        fairseq_train_args(args.fairseq_bin, binarized, args.updates, args.seed), log_path)
+    from t2t_lite import registry
+    log, rss = run_measured(fairseq_train_args(args.fairseq_bin, binarized, args.updates,
+                                               args.seed, registry.hparams(HPARAMS_SET)),
+                            log_path)
     return tokens_per_second(fairseq_progress(log), args.from_update), rss
   output_dir = os.path.join(work, f"{slug}_{round_index}")
   log, rss = run_measured(t2t_train_args(args.problem, args.data_dir, output_dir, args.updates,

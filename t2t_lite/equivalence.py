@@ -39,8 +39,13 @@ def concat(batches: list[dict]) -> dict:
 
 def relative_difference(a, b) -> float:
   """max |a - b| / max |b| over the trainable variables of two learners."""
-  scale = max(float(tf.reduce_max(tf.abs(v))) for v in b.variables)
-  return max(float(tf.reduce_max(tf.abs(x - y))) for x, y in zip(a.variables, b.variables)) / scale
+  return tensors_relative_difference(a.variables, b.variables)
+
+
+def tensors_relative_difference(xs, ys) -> float:
+  """max |x - y| / max |y| over two lists of tensors of the same shapes."""
+  scale = max(float(tf.reduce_max(tf.abs(y))) for y in ys)
+  return max(float(tf.reduce_max(tf.abs(x - y))) for x, y in zip(xs, ys)) / scale
 
 
 def apply_ops_by_device(concrete) -> dict:

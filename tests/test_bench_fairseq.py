@@ -81,3 +81,18 @@ def test_table_gives_each_programs_median_and_its_ratio_to_fairseq():
   assert "| fairseq | 2,400 | 1.00x | 2,000 | 1.00x |" in text
   assert "| t2t-lite float32 | 3,600 | 1.50x | 1,700 | 0.85x |" in text
   assert "| t2t-lite default | 7,000 | 2.92x | 1,640 | 0.82x |" in text
+
+
+def test_fairseq_trains_the_model_of_the_registered_hparams_set():
+  hparams = registry.hparams(bench_fairseq.HPARAMS_SET)
+  hparams.hidden_size, hparams.batch_size = 384, 2048
+  args = bench_fairseq.fairseq_train_args("bin", "data", 100, 1, hparams)
+  flag = lambda name: args[args.index(name) + 1]  # noqa: E731
+  assert args[:2] == ["bin/fairseq-train", "data"]
+  assert flag("--encoder-embed-dim") == flag("--decoder-embed-dim") == "384"
+  assert flag("--encoder-layers") == flag("--decoder-layers") == "3"
+  assert flag("--encoder-ffn-embed-dim") == "1024" and flag("--encoder-attention-heads") == "4"
+  assert flag("--max-tokens") == "2048" and flag("--warmup-updates") == "250"
+  assert flag("--label-smoothing") == "0.1" and flag("--adam-betas") == "(0.9, 0.997)"
+  # the peak of our schedule: 0.5 * 250^-0.5 * 384^-0.5
+  assert float(flag("--lr")) == pytest.approx(0.5 * 250 ** -0.5 * 384 ** -0.5, rel=1e-5)
