@@ -37,12 +37,15 @@ bench: $(STAMP)
 # (data_scripts/fairseq_env.sh DIR makes one); DATA_DIR is prepared as by `make train`.
 FAIRSEQ_BIN ?=
 FAIRSEQ_ROUNDS ?= 3
+# native, or the instruction set to cap both programs' kernels at: avx2, avx512_core,
+# avx512_core_bf16 (what a CPU with only that set would run).
+FAIRSEQ_ISA ?= native
 bench-fairseq: $(STAMP)
 	@test -n "$(FAIRSEQ_BIN)" || { echo "make bench-fairseq: set FAIRSEQ_BIN=DIR/bin, an environment with fairseq (data_scripts/fairseq_env.sh DIR makes one)" >&2; exit 2; }
 	bash data_scripts/get_multi30k.sh "$(DATA_DIR)/raw" $(MULTI30K_DIR)
 	$(BIN)/t2t-lite-datagen --problem=translate_ende_multi30k --data_dir="$(DATA_DIR)" --tmp_dir="$(DATA_DIR)/raw"
 	$(BIN)/python -m t2t_lite.bench_fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
-	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS)
+	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS) --isa=$(FAIRSEQ_ISA)
 
 clean:
 	rm -rf $(VENV) runs data bench_out

@@ -13,7 +13,13 @@ training shards, written out as fairseq text and binarized with our vocabulary. 
 tokens/s is counted on the target tokens (end-of-sentence included, padding not) of updates
 `--from_update`..`--updates`, from each program's own log, over wall time; peak RSS is the
 process's high-water mark (wait4). The programs run one after another, `--rounds` times, in
-the order fairseq, t2t-lite float32, t2t-lite default precision.
+the order fairseq, t2t-lite float32, t2t-lite default precision (left out where the default
+is float32).
+
+`--isa` caps the instruction set both programs' kernels may use (oneDNN's, MKL's and
+PyTorch's own), to measure on this machine what a CPU with only that set would run: its
+instructions, not its clock, caches or memory. `avx2` stands for an AVX2-only CPU (default
+precision float32 there), `avx512_core_bf16` for one with AVX512-BF16 and no AMX.
 
 Writes out_dir/fairseq.json and out_dir/fairseq.md.
 """
@@ -33,6 +39,19 @@ import tempfile
 from t2t_lite.files import write_atomic
 
 HPARAMS_SET = "transformer_multi30k_cpu"
+
+# --isa: the environment that caps each library's kernels, and the /proc/cpuinfo flag the
+# CPU needs for the cap to mean anything.
+ISA_CEILINGS = {
+    "native": ({}, None),
+    "avx512_core_bf16": ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+                          "MKL_ENABLE_INSTRUCTIONS": "AVX512", "ATEN_CPU_CAPABILITY": "avx512"},
+                         "avx512_bf16"),
+    "avx512_core": ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+                     "ATEN_CPU_CAPABILITY": "avx512"}, "avx512f"),
+    "avx2": ({"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+              "ATEN_CPU_CAPABILITY": "avx2"}, "avx2"),
+}
 
 
 def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
@@ -153,14 +172,27 @@ def t2t_train_args(problem: str, data_dir: str, output_dir: str, updates: int, s
           "--local_eval_frequency=0", "--save_checkpoints_steps=0", f"--random_seed={seed}"]
 
 
-def cpu_model() -> str:
-  """The CPU's model name and core count, as /proc/cpuinfo gives them."""
+def _cpuinfo() -> str:
   try:
     with open("/proc/cpuinfo") as f:
-      names = re.findall(r"^model name\s*:\s*(.+)$", f.read(), flags=re.M)
+      return f.read()
   except OSError:
-    names = []
+    return ""
+
+
+def cpu_model() -> str:
+  """The CPU's model name and core count, as /proc/cpuinfo gives them."""
+  names = re.findall(r"^model name\s*:\s*(.+)$", _cpuinfo(), flags=re.M)
   return f"{names[0] if names else 'unknown CPU'}, {os.cpu_count()} cores"
+
+
+def isa_environment(isa: str, cpuinfo: str) -> dict:
+  """The variables that cap the kernels at `isa` (see --isa); ValueError if the CPU lacks it."""
+  variables, flag = ISA_CEILINGS[isa]
+  if flag and not re.search(rf"^flags\s*:.*\b{flag}\b", cpuinfo, flags=re.M):
+    raise ValueError(f"this CPU has no {flag}, so --isa={isa} would measure the native "
+                     f"instruction set; use --isa=native or a lower set")
+  return variables
 
 
 def table(results: dict) -> str:
@@ -169,7 +201,13 @@ def table(results: dict) -> str:
     return statistics.median(r[key] for r in results["rounds"][name])
 
   base_speed, base_rss = median("fairseq", "tokens_per_second"), median("fairseq", "peak_rss_mib")
-  lines = [f"{results['cpu']}; default precision {results['default_precision']}.", "",
+  isa = results.get("isa", "native")
+  capped = "" if isa == "native" else (
+      f"; kernels capped at {isa} (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS, "
+      "ATEN_CPU_CAPABILITY)")
+  if "pytorch_cpu_capability" in results:
+    capped += f"; PyTorch's kernels at {results['pytorch_cpu_capability']}"
+  lines = [f"{results['cpu']}{capped}; default precision {results['default_precision']}.", "",
            f"| program ({results['updates_measured']}, {len(results['rounds']['fairseq'])} "
            "round(s), medians) | target tokens/s | vs fairseq | peak RSS MiB | vs fairseq |",
            "|---|---|---|---|---|"]
@@ -180,7 +218,7 @@ def table(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _measure(name: str, args, binarized: str, work: str, round_index: int):
+def _measure(name: str, args, binarized: str, work: str, round_index: int, env: dict):
   """(target tokens/s, peak RSS MiB) of one training run of program `name`."""
   slug = name.replace(" ", "_")
   log_path = os.path.join(args.out_dir, f"fairseq_bench_{slug}_{round_index}.log")
@@ -188,12 +226,20 @@ def _measure(name: str, args, binarized: str, work: str, round_index: int):
     from t2t_lite import registry
     log, rss = run_measured(fairseq_train_args(args.fairseq_bin, binarized, args.updates,
                                                args.seed, registry.hparams(HPARAMS_SET)),
-                            log_path)
+                            log_path, env)
     return tokens_per_second(fairseq_progress(log), args.from_update), rss
   output_dir = os.path.join(work, f"{slug}_{round_index}")
   log, rss = run_measured(t2t_train_args(args.problem, args.data_dir, output_dir, args.updates,
-                                         args.seed, name.endswith("default")), log_path)
+                                         args.seed, name.endswith("default")), log_path, env)
   return tokens_per_second(t2t_progress(log), args.from_update), rss
+
+
+def pytorch_cpu_capability(fairseq_bin: str, env: dict) -> str:
+  """The instruction set PyTorch's own kernels run at in the fairseq environment."""
+  return subprocess.run(
+      [os.path.join(fairseq_bin, "python"), "-c",
+       "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+      env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def main(argv=None) -> None:
@@ -208,7 +254,13 @@ def main(argv=None) -> None:
   parser.add_argument("--from_update", type=int, default=20)
   parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--seed", type=int, default=1)
+  parser.add_argument("--isa", default="native", choices=sorted(ISA_CEILINGS),
+                      help="the instruction set both programs' kernels may use (see above)")
   args = parser.parse_args(argv)
+  try:
+    ceiling = isa_environment(args.isa, _cpuinfo())
+  except ValueError as e:
+    parser.error(str(e))
   for tool in ("fairseq-preprocess", "fairseq-train"):
     if not os.access(os.path.join(args.fairseq_bin, tool), os.X_OK):
       parser.error(f"--fairseq_bin={args.fairseq_bin} has no {tool}; give the bin/ folder "
@@ -219,11 +271,16 @@ def main(argv=None) -> None:
   if not 0 <= args.from_update < args.updates or args.updates % 10:
     parser.error("--updates must be a multiple of 10 (the log interval) above --from_update")
   os.makedirs(args.out_dir, exist_ok=True)
-  results = {"updates_measured": f"updates {args.from_update}-{args.updates}",
-             "rounds": {"fairseq": [], "t2t-lite float32": [], "t2t-lite default": []}}
+  env = {**os.environ, **ceiling}
+  os.environ.update(ceiling)  # for the default precision below, as the trainer will see it
   from t2t_lite.models.transformer import cpu_has_fast_bfloat16
-  results["cpu"] = cpu_model()
-  results["default_precision"] = "bfloat16" if cpu_has_fast_bfloat16() else "float32"
+  default = "bfloat16" if cpu_has_fast_bfloat16() else "float32"
+  results = {"updates_measured": f"updates {args.from_update}-{args.updates}",
+             "cpu": cpu_model(), "isa": args.isa, "default_precision": default,
+             "rounds": {"fairseq": [], "t2t-lite float32": []}}
+  if default != "float32":
+    results["rounds"]["t2t-lite default"] = []
+  results["pytorch_cpu_capability"] = pytorch_cpu_capability(args.fairseq_bin, env)
   with tempfile.TemporaryDirectory(prefix="bench_fairseq_") as work:
     results["data"] = write_fairseq_text(args.data_dir, args.problem, work)
     binarized = os.path.join(work, "bin")
@@ -235,7 +292,7 @@ def main(argv=None) -> None:
                    check=True, capture_output=True)
     for round_index in range(args.rounds):
       for name, rows in results["rounds"].items():
-        speed, rss = _measure(name, args, binarized, work, round_index)
+        speed, rss = _measure(name, args, binarized, work, round_index, env)
         rows.append({"tokens_per_second": speed, "peak_rss_mib": rss})
         print(f"round {round_index + 1}: {name}: {speed:,.0f} target tokens/s, "
               f"peak RSS {rss:,.0f} MiB", flush=True)

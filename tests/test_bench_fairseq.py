@@ -83,6 +83,32 @@ def test_table_gives_each_programs_median_and_its_ratio_to_fairseq():
   assert "| t2t-lite default | 7,000 | 2.92x | 1,640 | 0.82x |" in text
 
 
+def test_a_capped_instruction_set_is_named_with_the_kernels_pytorch_ran():
+  results = {"cpu": "Some CPU, 2 cores", "default_precision": "float32", "isa": "avx2",
+             "pytorch_cpu_capability": "AVX2", "updates_measured": "updates 20-100",
+             "rounds": {"fairseq": [{"tokens_per_second": 1000, "peak_rss_mib": 2000}],
+                        "t2t-lite float32": [{"tokens_per_second": 1600, "peak_rss_mib": 1500}]}}
+  text = bench_fairseq.table(results)
+  assert text.startswith("Some CPU, 2 cores; kernels capped at avx2 (ONEDNN_MAX_CPU_ISA, "
+                         "MKL_ENABLE_INSTRUCTIONS, ATEN_CPU_CAPABILITY); PyTorch's kernels at "
+                         "AVX2; default precision float32.")
+  assert "| t2t-lite float32 | 1,600 | 1.60x | 1,500 | 0.75x |" in text
+  assert "t2t-lite default" not in text
+
+
+def test_an_instruction_set_cap_sets_every_librarys_variable_and_needs_the_cpu_to_have_it():
+  amx = "model name\t: Xeon\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n"
+  assert bench_fairseq.isa_environment("native", "") == {}
+  assert bench_fairseq.isa_environment("avx2", amx) == {
+      "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+      "ATEN_CPU_CAPABILITY": "avx2"}
+  assert bench_fairseq.isa_environment("avx512_core_bf16", amx)["ONEDNN_MAX_CPU_ISA"] == (
+      "AVX512_CORE_BF16")
+  with pytest.raises(ValueError, match="this CPU has no avx512_bf16, so "
+                                       "--isa=avx512_core_bf16 would measure the native"):
+    bench_fairseq.isa_environment("avx512_core_bf16", "flags\t\t: fpu avx2\n")
+
+
 def test_fairseq_trains_the_model_of_the_registered_hparams_set():
   hparams = registry.hparams(bench_fairseq.HPARAMS_SET)
   hparams.hidden_size, hparams.batch_size = 384, 2048

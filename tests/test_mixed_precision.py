@@ -67,6 +67,26 @@ def test_without_native_bfloat16_the_cpu_stays_float32(monkeypatch):
   assert transformer.compute_dtype(no_dropout(mixed_precision=True)) == tf.bfloat16
 
 
+@pytest.mark.parametrize("variable, ceiling, fast", [
+    (None, None, True), ("ONEDNN_MAX_CPU_ISA", "AVX2", False),
+    ("ONEDNN_MAX_CPU_ISA", "avx512_core", False), ("DNNL_MAX_CPU_ISA", "AVX2", False),
+    ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", True), ("ONEDNN_MAX_CPU_ISA", "ALL", True)])
+def test_native_bfloat16_needs_the_flags_and_onednn_allowed_to_use_them(
+    monkeypatch, tmp_path, variable, ceiling, fast):
+  """A oneDNN instruction-set ceiling below AVX512_CORE_BF16 rules bfloat16 out even on a CPU
+  that has it (oneDNN then has no bfloat16 matmul for some shapes at all)."""
+  for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+    monkeypatch.delenv(name, raising=False)
+  if variable:
+    monkeypatch.setenv(variable, ceiling)
+  amx, avx2_only = tmp_path / "amx", tmp_path / "avx2"
+  amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+  avx2_only.write_text("flags\t\t: fpu avx avx2 fma\n")
+  assert transformer.cpu_has_fast_bfloat16(str(amx)) == fast
+  assert not transformer.cpu_has_fast_bfloat16(str(avx2_only))
+  assert not transformer.cpu_has_fast_bfloat16(str(tmp_path / "missing"))
+
+
 def test_overflow_at_the_minimum_loss_scale_is_not_absorbed(monkeypatch):
   """Above the minimum scale an overflow is handled by halving it; at the minimum nothing is
   left to halve, so it is reported as non-finite and counts toward max_consecutive_nonfinite."""

@@ -10,6 +10,8 @@ Target id 0 (padding) doubles as the decoder's start symbol, as in tensor2tensor
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 from t2t_lite.hparams_check import norm_placement
@@ -19,14 +21,24 @@ from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, 
 NEG_INF = -1e9
 
 
-def cpu_has_fast_bfloat16() -> bool:
-  """True when the CPU multiplies bfloat16 natively (AMX or AVX512-BF16).
+# oneDNN's instruction-set ceilings (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16: under them
+# its kernels have no bfloat16 dot products (and some bfloat16 matmuls none at all).
+_ISA_CEILINGS_WITHOUT_BFLOAT16 = frozenset(
+    ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"))
+
+
+def cpu_has_fast_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+  """True when the CPU multiplies bfloat16 natively (AMX or AVX512-BF16) and oneDNN may use
+  it (no ONEDNN_MAX_CPU_ISA ceiling below AVX512_CORE_BF16).
 
   Elsewhere (e.g. AVX2-only CPUs) bfloat16 matmuls run no faster than float32 and the casts
   make a training step slower, so mixed precision falls back to float32 there.
   """
+  ceiling = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+  if ceiling.strip().upper() in _ISA_CEILINGS_WITHOUT_BFLOAT16:
+    return False
   try:
-    with open("/proc/cpuinfo") as f:
+    with open(cpuinfo) as f:
       flags = f.read()
   except OSError:
     return False
