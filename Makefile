@@ -42,8 +42,7 @@ FAIRSEQ_ROUNDS ?= 3
 FAIRSEQ_ISA ?= native
 bench-fairseq: $(STAMP)
 	@test -n "$(FAIRSEQ_BIN)" || { echo "make bench-fairseq: set FAIRSEQ_BIN=DIR/bin, an environment with fairseq (data_scripts/fairseq_env.sh DIR makes one)" >&2; exit 2; }
-	bash data_scripts/get_multi30k.sh "$(DATA_DIR)/raw" $(MULTI30K_DIR)
-	$(BIN)/t2t-lite-datagen --problem=translate_ende_multi30k --data_dir="$(DATA_DIR)" --tmp_dir="$(DATA_DIR)/raw"
+	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" bash data_scripts/multi30k_data.sh "$(DATA_DIR)"
 	$(BIN)/python -m t2t_lite.bench_fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
 	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS) --isa=$(FAIRSEQ_ISA)
 

@@ -8,11 +8,8 @@ minutes=${3:-25}
 raw_dir=$data_dir/raw
 start=$(date +%s)
 
-echo "== 1/5 data: Multi30k raw files -> $raw_dir"
-bash "$(dirname "$0")/get_multi30k.sh" "$raw_dir" ${MULTI30K_DIR:+"$MULTI30K_DIR"}
-
-echo "== 2/5 datagen: joint sentencepiece vocabulary (8000) and TFRecords -> $data_dir"
-t2t-lite-datagen --problem=translate_ende_multi30k --data_dir="$data_dir" --tmp_dir="$raw_dir"
+echo "== 1-2/5 data: Multi30k raw files -> $raw_dir; joint sentencepiece vocabulary (8000) and TFRecords -> $data_dir"
+bash "$(dirname "$0")/multi30k_data.sh" "$data_dir"
 
 echo "== 3/5 train: transformer_multi30k_cpu for $minutes minutes -> $run_dir"
 t2t-lite-trainer --problem=translate_ende_multi30k --hparams_set=transformer_multi30k_cpu \
