@@ -235,11 +235,13 @@ def _measure(name: str, args, binarized: str, work: str, round_index: int, env: 
 
 
 def pytorch_cpu_capability(fairseq_bin: str, env: dict) -> str:
-  """The instruction set PyTorch's own kernels run at in the fairseq environment."""
-  return subprocess.run(
+  """The instruction set PyTorch's own kernels run at in the fairseq environment ("unknown"
+  where its PyTorch cannot say)."""
+  done = subprocess.run(
       [os.path.join(fairseq_bin, "python"), "-c",
        "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-      env=env, check=True, capture_output=True, text=True).stdout.strip()
+      env=env, capture_output=True, text=True)
+  return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
 def main(argv=None) -> None:

@@ -109,6 +109,17 @@ def test_an_instruction_set_cap_sets_every_librarys_variable_and_needs_the_cpu_t
     bench_fairseq.isa_environment("avx512_core_bf16", "flags\t\t: fpu avx2\n")
 
 
+def test_pytorchs_instruction_set_is_asked_of_the_fairseq_environment_under_the_cap(tmp_path):
+  python = tmp_path / "python"  # stands in for the environment's python: echoes the cap
+  python.write_text('#!/bin/sh\necho "${ATEN_CPU_CAPABILITY:-AVX512}"\n')
+  python.chmod(0o755)
+  capped = {"ATEN_CPU_CAPABILITY": "avx2"}
+  assert bench_fairseq.pytorch_cpu_capability(str(tmp_path), capped) == "avx2"
+  assert bench_fairseq.pytorch_cpu_capability(str(tmp_path), {}) == "AVX512"
+  python.write_text("#!/bin/sh\nexit 1\n")
+  assert bench_fairseq.pytorch_cpu_capability(str(tmp_path), {}) == "unknown"
+
+
 def test_fairseq_trains_the_model_of_the_registered_hparams_set():
   hparams = registry.hparams(bench_fairseq.HPARAMS_SET)
   hparams.hidden_size, hparams.batch_size = 384, 2048
