@@ -218,7 +218,7 @@ def table(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _measure(name: str, args, binarized: str, work: str, round_index: int, env: dict):
+def _measure(name: str, args, binarized: str, work: str, round_index: int):
   """(target tokens/s, peak RSS MiB) of one training run of program `name`."""
   slug = name.replace(" ", "_")
   log_path = os.path.join(args.out_dir, f"fairseq_bench_{slug}_{round_index}.log")
@@ -226,11 +226,11 @@ def _measure(name: str, args, binarized: str, work: str, round_index: int, env: 
     from t2t_lite import registry
     log, rss = run_measured(fairseq_train_args(args.fairseq_bin, binarized, args.updates,
                                                args.seed, registry.hparams(HPARAMS_SET)),
-                            log_path, env)
+                            log_path)
     return tokens_per_second(fairseq_progress(log), args.from_update), rss
   output_dir = os.path.join(work, f"{slug}_{round_index}")
   log, rss = run_measured(t2t_train_args(args.problem, args.data_dir, output_dir, args.updates,
-                                         args.seed, name.endswith("default")), log_path, env)
+                                         args.seed, name.endswith("default")), log_path)
   return tokens_per_second(t2t_progress(log), args.from_update), rss
 
 
@@ -273,8 +273,9 @@ def main(argv=None) -> None:
   if not 0 <= args.from_update < args.updates or args.updates % 10:
     parser.error("--updates must be a multiple of 10 (the log interval) above --from_update")
   os.makedirs(args.out_dir, exist_ok=True)
-  env = {**os.environ, **ceiling}
-  os.environ.update(ceiling)  # for the default precision below, as the trainer will see it
+  # Both programs inherit the cap, and the default precision below is read under it, as the
+  # trainer will read it.
+  os.environ.update(ceiling)
   from t2t_lite.models.transformer import cpu_has_fast_bfloat16
   default = "bfloat16" if cpu_has_fast_bfloat16() else "float32"
   results = {"updates_measured": f"updates {args.from_update}-{args.updates}",
@@ -282,7 +283,7 @@ def main(argv=None) -> None:
              "rounds": {"fairseq": [], "t2t-lite float32": []}}
   if default != "float32":
     results["rounds"]["t2t-lite default"] = []
-  results["pytorch_cpu_capability"] = pytorch_cpu_capability(args.fairseq_bin, env)
+  results["pytorch_cpu_capability"] = pytorch_cpu_capability(args.fairseq_bin, os.environ)
   with tempfile.TemporaryDirectory(prefix="bench_fairseq_") as work:
     results["data"] = write_fairseq_text(args.data_dir, args.problem, work)
     binarized = os.path.join(work, "bin")
@@ -294,7 +295,7 @@ def main(argv=None) -> None:
                    check=True, capture_output=True)
     for round_index in range(args.rounds):
       for name, rows in results["rounds"].items():
-        speed, rss = _measure(name, args, binarized, work, round_index, env)
+        speed, rss = _measure(name, args, binarized, work, round_index)
         rows.append({"tokens_per_second": speed, "peak_rss_mib": rss})
         print(f"round {round_index + 1}: {name}: {speed:,.0f} target tokens/s, "
               f"peak RSS {rss:,.0f} MiB", flush=True)
