@@ -296,13 +296,15 @@ def worker_host_syncs(spec: dict) -> dict:
   none between log lines is the target."""
   _tf()
   from t2t_lite import registry, steps
+  from t2t_lite.decide import Checkpointing, Evaluation
   from t2t_lite.train import RunOptions, Trainer
   import tempfile
   hparams = registry.hparams("transformer_tiny")
   hparams.parse(f"batch_size=512,max_length=64,optimizer_multistep_accumulate_steps={spec['n']}")
   with tempfile.TemporaryDirectory() as output_dir:
     options = RunOptions(output_dir=output_dir, data_dir=spec["data_dir"], log_every=4,
-                         save_checkpoints_steps=0, local_eval_frequency=0)
+                         checkpointing=Checkpointing(save_steps=0),
+                         evaluation=Evaluation(frequency=0))
     trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
                       steps.plan(hparams, 1, spec.get("updates", 12)), options)
     reads = host_reads_by_update(trainer)

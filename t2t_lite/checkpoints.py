@@ -14,6 +14,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from t2t_lite.decide import Checkpointing
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.faults import NoFaults
 
@@ -28,10 +29,9 @@ def checkpoint_number(path: str) -> int:
 class Checkpoints:
   """The run's CheckpointManager, with fallback on damage and multi-worker agreement."""
 
-  def __init__(self, objects: dict, directory: str, keep: int,
+  def __init__(self, objects: dict, directory: str, options: Checkpointing,
                strategy: tf.distribute.Strategy, faults: NoFaults | None = None,
-               keep_every_n_hours: float = 0.0, before_restore=None,
-               optional: tuple[str, ...] = ()):
+               before_restore=None, optional: tuple[str, ...] = ()):
     """`objects`: what a checkpoint holds, by name; those named in `optional` may be missing
     from a checkpoint (they keep their initial values), the others must all match."""
     self.objects, self.optional = objects, optional
@@ -40,12 +40,12 @@ class Checkpoints:
     self.before_restore = before_restore
     self.strategy = strategy
     self.faults = faults or NoFaults()
-    # keep = 0 keeps every checkpoint. keep_every_n_hours: of the checkpoints that rotation
-    # removes, one per this many hours stays (TensorFlow's CheckpointManager does the
-    # bookkeeping, in the directory's checkpoint state, so it survives a restart).
+    # keep_max = 0 keeps every checkpoint. keep_every_n_hours: of the checkpoints that
+    # rotation removes, one per this many hours stays (TensorFlow's CheckpointManager does
+    # the bookkeeping, in the directory's checkpoint state, so it survives a restart).
     self.manager = tf.train.CheckpointManager(
-        checkpoint, directory, max_to_keep=keep or None,
-        keep_checkpoint_every_n_hours=keep_every_n_hours or None)
+        checkpoint, directory, max_to_keep=options.keep_max or None,
+        keep_checkpoint_every_n_hours=options.keep_every_n_hours or None)
     self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     self.last_saved = self._last_path = None
 
@@ -141,10 +141,13 @@ class Checkpoints:
     return path
 
 
-def _source_checkpoint(source: str) -> str:
+def warm_start_source(source: str) -> str:
   """A checkpoint prefix: `source` itself, or the newest checkpoint of a run directory."""
   if os.path.isdir(source):
     path = tf.train.latest_checkpoint(source)
+    if path is not None and not os.path.basename(path).rsplit("-", 1)[-1].isdigit():
+      raise UsageError(f"--warm_start_from={source}: its newest checkpoint {path} is not "
+                       "named PREFIX-N; give the checkpoint prefix itself")
     if path is None:
       raise UsageError(f"--warm_start_from={source} holds no checkpoint; give a run "
                        "directory with checkpoints or a checkpoint prefix (RUN/ckpt-N)")
@@ -174,11 +177,15 @@ def _mismatches(objects: dict, path: str) -> list[str]:
   return found
 
 
-def warm_start(learner, source: str, with_optimizer: bool = False) -> str:
-  """A new run starts from the model weights of another run's checkpoint (and, with
-  `with_optimizer`, Adam's slots); counters, accumulators and Adam's step stay at 0.
-  Returns the checkpoint read; a usage error naming what does not match."""
-  path = _source_checkpoint(source)
+def warm_start(learner, path: str, with_optimizer: bool = False, source: str = "") -> None:
+  """A new run starts from the model weights of the checkpoint `path` (see
+  warm_start_source; `source`: what the user named) and, with `with_optimizer`, from Adam's
+  slots; counters, accumulators and Adam's step stay at 0. A usage error names what does not
+  match."""
+  source = source or path
+  if not tf.io.gfile.exists(path + ".index"):
+    raise UsageError(f"--warm_start_from={source}: checkpoint {path} is not readable here "
+                     f"(no {path}.index); every worker must see the same files")
   objects = {"model": learner.model}
   if with_optimizer:
     # The slots only: the stand-in has the optimizer's attribute names, not its counter.
@@ -191,4 +198,3 @@ def warm_start(learner, source: str, with_optimizer: bool = False) -> str:
                      f"this model: {shown}; warm start needs the same model shapes and "
                      "vocabulary")
   tf.train.Checkpoint(**objects).read(path).assert_existing_objects_matched()
-  return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -11,9 +12,10 @@ import shutil
 import tensorflow as tf
 from absl import logging
 
-from t2t_lite.errors import UsageError
+from t2t_lite.errors import RunError, UsageError
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+_joined_as = None  # this process's task name, once it joined a cluster (make_strategy)
 
 
 def split_cpu(replicas: int) -> None:
@@ -67,12 +69,14 @@ def make_strategy(name: str, cpu_replicas: int = 1,
   if name not in STRATEGIES:
     raise UsageError(f"--strategy={name} is not one of {', '.join(STRATEGIES)}")
   if name == "multi_worker":
+    global _joined_as
     resolver = cluster_resolver(slurm_port_base)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     task_type, task_id = resolver.task_type, resolver.task_id
     is_chief = task_type in ("chief", None) or (
         task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs)
-    return strategy, is_chief, f"{task_type}-{task_id}"
+    _joined_as = f"{task_type}-{task_id}"
+    return strategy, is_chief, _joined_as
   split_cpu(cpu_replicas)
   gpus = tf.config.list_logical_devices("GPU")
   if name == "mirrored" or (name == "auto" and len(gpus) > 1):
@@ -113,3 +117,78 @@ def planned_replicas(name: str, cpu_replicas: int = 1) -> int:
   if name == "mirrored" or (name == "auto" and gpus > 1):
     return gpus if gpus else max(cpu_replicas, 1)
   return 1
+
+
+# --- one worker's failure is every worker's ------------------------------------------------
+# A worker that fails tells the cluster through TensorFlow's coordination service, which
+# aborts every collective the other workers are in or enter next, with the message. A worker
+# that is killed stops sending heartbeats; the coordination service notices within its
+# heartbeat timeout (about 10 s) and aborts the others' collectives the same way.
+
+def _first_line(err: BaseException) -> str:
+  text = str(err).strip()
+  return text.splitlines()[0] if text else type(err).__name__
+
+
+def report_failure(task: str, err: BaseException) -> str:
+  """Tells every worker of the cluster that `task` failed with `err`; the one-line message."""
+  message = f"{task}: {_first_line(err)}"
+  from tensorflow.python.eager import context  # no public API reports an error to the cluster
+  try:
+    context.context().report_error_to_cluster(2, message)  # 2: UNKNOWN
+  except Exception as failure:  # noqa: BLE001  (the cluster may be gone already)
+    logging.warning("could not tell the other workers: %s", _first_line(failure))
+  return message
+
+
+def _task_name(job: str, index: str) -> str:
+  return f"{job}-{index}"
+
+
+def peer_failure(err: BaseException) -> str | None:
+  """Why a collective was aborted by another worker's failure or absence, or None when
+  `err` is not that."""
+  if not isinstance(err, tf.errors.OpError):
+    return None
+  text = str(err)
+  reported = re.search(r"Error reported from /job:(\w+)/(?:replica:\d+/)?task:(\d+): (.*)", text)
+  unhealthy = re.search(r"stopped sending heartbeats\):\s*/job:(\w+)/replica:\d+/task:(\d+)",
+                        text)
+  if unhealthy:
+    return (f"{_task_name(*unhealthy.groups())} went away (it stopped sending heartbeats: "
+            "killed, crashed or unreachable; see its log)")
+  if reported:
+    who, _, cause = reported.group(3).strip().partition(": ")
+    if not cause:
+      who, cause = _task_name(*reported.groups()[:2]), who
+    return f"{who} failed: {cause}"
+  if re.search(r"failed to connect|Connection refused|Connection reset|Socket closed|"
+               r"UNAVAILABLE", text):
+    remote = re.search(r"remote target /job:(\w+)/replica:\d+/task:(\d+)", text)
+    who = _task_name(*remote.groups()) if remote else "another worker"
+    return f"{who} went away (connection lost: killed, crashed or unreachable; see its log)"
+  if "Collective ops is aborted by" in text:
+    return "another worker failed: " + text.split("aborted by:", 1)[1].strip().splitlines()[0]
+  return None
+
+
+@contextlib.contextmanager
+def shared_failures():
+  """Around a worker's run: an error here is reported to the other workers, and a collective
+  aborted by another worker's failure becomes one line naming that worker. Either way the
+  error raised names this worker: a UsageError or RunError that the program prints as one
+  line."""
+  try:
+    yield
+  except BaseException as err:
+    if _joined_as is None:  # not in a cluster yet: nobody waits for this process
+      raise
+    peer = peer_failure(err)
+    if peer is not None:
+      logging.debug("collective aborted: %s", err)
+      raise RunError(f"{_joined_as}: stopped because {peer}") from err
+    if isinstance(err, (KeyboardInterrupt, SystemExit)):
+      report_failure(_joined_as, RunError("interrupted"))
+      raise
+    message = report_failure(_joined_as, err)
+    raise (UsageError if isinstance(err, UsageError) else RunError)(message) from err

@@ -23,6 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite import data as data_lib
+from t2t_lite.decide import Evaluation, Stopping
 from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
 
@@ -35,26 +36,29 @@ LOWER_IS_BETTER = {"dev_loss": True, "dev_bleu": False}
 class Evaluator:
   """Runs the evaluations of one run (on the chief) and writes them to `output_dir/eval`."""
 
-  def __init__(self, learner, hparams, vocab, dev_files, output_dir: str, eval_steps: int,
-               bleu_sentences: int, beam_size: int, target_lang: str = "",
-               early_stopping_steps: int = 0, early_stopping_metric: str = "dev_loss",
-               early_stopping_delta: float = 0.0):
+  def __init__(self, learner, hparams, vocab, dev_files, output_dir: str,
+               evaluation: Evaluation, stopping: Stopping, target_lang: str = ""):
     self.learner, self.hparams, self.vocab = learner, hparams, vocab
     self.dev_files, self.output_dir = dev_files, output_dir
-    self.eval_steps, self.bleu_sentences, self.beam_size = eval_steps, bleu_sentences, beam_size
+    self.options, self.stopping = evaluation, stopping
     self.target_lang = target_lang
-    self.early_stopping_steps = early_stopping_steps
-    self.early_stopping_delta = early_stopping_delta
-    self.metric = early_stopping_metric if early_stopping_steps else "dev_bleu"
-    self.best = self._read_best()
-    self._writer = None  # opened at the first evaluation: a refused run writes nothing  # {"value", "update", "improved_at"} or None
+    self.metric = stopping.early_stopping_metric if stopping.early_stopping_steps else "dev_bleu"
+    if evaluation.bleu_sentences > 0:
+      from t2t_lite import metrics
+      try:  # checked before training, not at the first evaluation
+        metrics.bleu_tokenizer(target_lang)
+      except UsageError as err:
+        raise UsageError(f"dev BLEU during training: {err}; or evaluate without BLEU "
+                         "(--eval_bleu_sentences=0)") from None
+    self.best = self._read_best()  # {"metric", "value", "update", "improved_at"} or None
+    self._writer = None  # opened at the first evaluation: a refused run writes nothing
     self._bleu_inputs = None
 
   def dev_loss(self) -> float:
     """Negative log-likelihood per non-padding target token over the dev batches."""
     dataset = data_lib.eval_dataset(self.dev_files, self.hparams)
-    if self.eval_steps > 0:
-      dataset = dataset.take(self.eval_steps)
+    if self.options.steps > 0:
+      dataset = dataset.take(self.options.steps)
     loss = tokens = 0.0
     for batch in dataset:
       batch_loss, batch_tokens = self.learner.eval_fn(batch)
@@ -66,12 +70,12 @@ class Evaluator:
     from t2t_lite import decode, metrics
     if self._bleu_inputs is None:  # read once; the compiled search is reused too
       pairs = list(data_lib.text_examples(self.dev_files)
-                   .take(self.bleu_sentences).as_numpy_iterator())
+                   .take(self.options.bleu_sentences).as_numpy_iterator())
       self._bleu_inputs = ([list(ids) for ids, _ in pairs],
                            [ref.decode("utf-8") for _, ref in pairs],
                            decode.Decoder(self.learner.model, self.hparams.max_length))
     sources, references, decoder = self._bleu_inputs
-    hyps = decoder.translate_ids(sources, beam_size=self.beam_size, alpha=0.6, batch_size=64)
+    hyps = decoder.translate_ids(sources, beam_size=self.options.beam_size, alpha=0.6, batch_size=64)
     return metrics.bleu([self.vocab.decode(h) for h in hyps], references,
                         self.target_lang).score
 
@@ -79,7 +83,7 @@ class Evaluator:
     start = time.time()
     loss = self.dev_loss()
     results = {"dev_loss": loss, "dev_perplexity": math.exp(min(loss, 700.0))}
-    if self.bleu_sentences > 0:
+    if self.options.bleu_sentences > 0:
       results["dev_bleu"] = self.dev_bleu()
     if self._writer is None:
       self._writer = tf.summary.create_file_writer(os.path.join(self.output_dir, "eval"))
@@ -100,20 +104,20 @@ class Evaluator:
     best = self.best
     if best is not None and not self._better(value, best["value"]):
       return
-    significant = best is None or self._better(value, best["value"], self.early_stopping_delta)
+    significant = best is None or self._better(value, best["value"], self.stopping.early_stopping_delta)
     self.best = {"metric": self.metric, "value": value, "update": update,
                  "improved_at": update if significant else best["improved_at"]}
     self._save_best(update)
 
   def early_stop(self, update: int) -> str | None:
     """Why to stop after this update's evaluation (early stopping), or None."""
-    if not self.early_stopping_steps or self.best is None:
+    if not self.stopping.early_stopping_steps or self.best is None:
       return None
     since = update - self.best["improved_at"]
-    if since < self.early_stopping_steps:
+    if since < self.stopping.early_stopping_steps:
       return None
     return (f"early stopping: {self.metric} has not improved by more than "
-            f"{self.early_stopping_delta:g} for {since} updates (best {self.best['value']:.4f} "
+            f"{self.stopping.early_stopping_delta:g} for {since} updates (best {self.best['value']:.4f} "
             f"at update {self.best['update']}, kept in {os.path.join(self.output_dir, 'best')})")
 
   def flush(self) -> None:
@@ -127,11 +131,9 @@ class Evaluator:
     best_dir = os.path.join(self.output_dir, "best")
     path, older = os.path.join(best_dir, BEST_FILE), os.path.join(best_dir, "bleu.json")
     if os.path.isfile(path):
-      with open(path) as f:
-        best = json.load(f)
+      best = _read_json(path)
     elif os.path.isfile(older):  # written before early stopping: the best by dev BLEU
-      with open(older) as f:
-        kept = json.load(f)
+      kept = _read_json(older)
       best = {"metric": "dev_bleu", "value": kept["bleu"], "update": kept["update"],
               "improved_at": kept["update"], "checkpoint": kept.get("checkpoint")}
     else:
@@ -153,3 +155,16 @@ class Evaluator:
     path = manager.save(checkpoint_number=update)
     write_atomic(os.path.join(best_dir, BEST_FILE),
                  json.dumps(dict(self.best, checkpoint=path), indent=2))
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError) as err:
+    raise UsageError(f"{path} is unreadable ({str(err).splitlines()[0][:120]}); restore it, "
+                     f"or move {os.path.dirname(path)} away to start a new best model") from None
+  if not isinstance(value, dict):
+    raise UsageError(f"{path} is not a JSON object; restore it, or move "
+                     f"{os.path.dirname(path)} away to start a new best model")
+  return value

@@ -5,6 +5,7 @@
   save:K    SIGKILL inside this process's K-th checkpoint save, after the files are written
             and before the checkpoint state names them (the worst moment of a save);
   signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point);
+  nospace:K this process's K-th checkpoint save fails as on a full disk (OSError ENOSPC);
   nan:K,L,...  poison the loss of micro-steps K, L, ... (1-based) with NaN, so the
             non-finite guard and the loss scale can be tested on real runs;
   export:written  SIGKILL once an export is complete in its temporary directory, just
@@ -16,6 +17,7 @@ is applied when the step is traced: without a nan fault the traced graph is unch
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -64,6 +66,9 @@ class InjectedFault(NoFaults):
     if self.kind == "save" and self._saves == self.at:
       checkpoint.write(os.path.join(manager.directory, f"ckpt-{number}"))
       os.kill(os.getpid(), signal.SIGKILL)
+    if self.kind == "nospace" and self._saves == self.at:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                    os.path.join(manager.directory, f"ckpt-{number}"))
     return super().save(manager, checkpoint, number)
 
   def export_written(self) -> None:
@@ -80,7 +85,7 @@ def from_environment() -> NoFaults:
   kind, _, at = spec.partition(":")
   if kind == "nan" and at and all(step.isdigit() for step in at.split(",")):
     return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
-  if kind not in ("micro", "save", "signal") or not at.isdigit():
-    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nan:K,L,... or "
-                     "export:written")
+  if kind not in ("micro", "save", "signal", "nospace") or not at.isdigit():
+    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nospace:K, "
+                     "nan:K,L,... or export:written")
   return InjectedFault(kind, int(at))

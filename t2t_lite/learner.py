@@ -33,8 +33,10 @@ PACK_BYTES = 32 * 2 ** 20
 MIN_LOSS_SCALE = 1.0
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
-FLAGS_SPEC = tf.TensorSpec([2], tf.float32)
-NO_FLAGS = (0.0, 0.0)
+# What this process asks of all: (stop signal, time budget reached, timed save); see
+# Learner.read_agreed and t2t_lite.decide.
+FLAGS_SPEC = tf.TensorSpec([3], tf.float32)
+NO_FLAGS = (0.0, 0.0, 0.0)
 
 
 class Window(tf.Module):
@@ -58,8 +60,8 @@ class Window(tf.Module):
                  aggregation=tf.VariableAggregation.SUM)
     self.padding = tf.Variable(0.0, name="padding", **local)
     self.slots = tf.Variable(0.0, name="slots", **local)
-    # The cross-replica sum of the flags of the last update (multi-worker stop agreement).
-    self.agreed = tf.Variable([0.0, 0.0], name="agreed", **first)
+    # The cross-replica sum of the flags of the last update (what the workers agreed on).
+    self.agreed = tf.Variable(NO_FLAGS, name="agreed", **first)
 
   def count_batch(self, batch) -> None:
     """Padding and token slots of one replica's micro-batch."""
@@ -128,7 +130,8 @@ class Learner:
                                                  hparams.attention_dropout,
                                                  hparams.relu_dropout))
     self.faults = faults or faults_lib.NoFaults()
-    self._position = self._updates_done = None  # host mirrors of in_update and update_step
+    # host mirrors of in_update, update_step and micro_step
+    self._position = self._updates_done = self._micro_step = None
     self._attempts = 0
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
@@ -365,6 +368,7 @@ class Learner:
         position = int(self.micro_step.numpy()) % self.schedule.steps_for(self._updates_done + 1)
         self.in_update.assign(position)
       self._position = position
+      self._micro_step = int(self.micro_step.numpy())
 
   def _confirm(self, updates_done: int) -> None:
     self._updates_done, self._attempts = updates_done, 0
@@ -373,10 +377,30 @@ class Learner:
     """Before a save: the layout the checkpoint is written on."""
     self.layout.assign([self.replicas, self.accumulate_steps()])
 
+  def run_update(self, next_batch, flags=NO_FLAGS, after_micro_step=None) -> bool:
+    """Runs the micro-steps of one update, each on `next_batch()`; True once the update is
+    done. `after_micro_step(micro_step)` is called after each micro-step: True cuts the update
+    short there (False is then returned; the state stays resumable mid-update on one
+    replica). `flags` ride in the update's cross-replica sum (see read_agreed)."""
+    self._sync_host()
+    while True:
+      done = self.step(next_batch(), flags) is not None
+      self._micro_step += 1
+      if after_micro_step is not None and after_micro_step(self._micro_step) and not done:
+        return False
+      if done:
+        return True
+
+  def host_micro_step(self) -> int:
+    """The micro-step counter, from the host's mirror (no device read after the first; the
+    mirror counts the micro-steps of run_update)."""
+    self._sync_host()
+    return self._micro_step
+
   def step(self, batch, flags=NO_FLAGS):
     """One micro-step; returns the update's statistics (device tensors, not read) when it
-    completed an update, else None. `flags` (stop, save) of this process are summed over all
-    replicas in the update (see read_agreed)."""
+    completed an update, else None. `flags` (see FLAGS_SPEC) of this process are summed over
+    all replicas in the update (see read_agreed)."""
     steps = self.accumulate_steps()
     if steps == 1 and self._position == 0:
       stats = self.fused_step_fn(batch, tf.constant(flags, tf.float32))
@@ -404,12 +428,12 @@ class Learner:
     self._confirm(values["updates_done"])
     return values
 
-  def read_agreed(self) -> tuple[bool, bool]:
-    """(stop, save): whether any process asked for them in the last update's flags."""
-    stop, save = self.window.agreed.numpy()
-    return bool(stop > 0), bool(save > 0)
+  def read_agreed(self) -> tuple[bool, bool, bool]:
+    """(stop signal, time budget, timed save): whether any process asked for them in the
+    last update's flags (a read of this process's copy of the sum; no collective)."""
+    return tuple(bool(flag > 0) for flag in self.window.agreed.numpy())
 
   def forget_host_counters(self) -> None:
     """Call after restoring a checkpoint: the counters are re-read on the next step."""
-    self._position = self._updates_done = None
+    self._position = self._updates_done = self._micro_step = None
     self._attempts = 0

@@ -31,9 +31,11 @@ from absl import logging
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
 from t2t_lite import rundir
-from t2t_lite.checkpoints import Checkpoints, warm_start
+from t2t_lite.checkpoints import Checkpoints, checkpoint_number, warm_start, warm_start_source
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
+from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, Agreed, Checkpointing, Evaluation,
+                             Progress, Schedule, Stopping, decide)
 from t2t_lite.learner import NO_FLAGS, Learner
 from t2t_lite.steps import BatchPlan
 
@@ -43,19 +45,10 @@ class RunOptions:
   output_dir: str
   data_dir: str
   seed: int = 1
-  keep_checkpoint_max: int = 20         # 0 = keep every checkpoint
-  save_checkpoints_steps: int = 1000    # updates; 0 = only when the run stops
-  save_checkpoints_secs: float = 0.0    # also once this long after the last save; 0 = not
-  keep_checkpoint_every_n_hours: float = 0.0  # also keep one checkpoint per this many hours
-  local_eval_frequency: int = 1000      # updates; 0 = no evaluation during training
-  eval_steps: int = 100                 # dev batches for the dev loss; 0 = the whole dev set
+  checkpointing: Checkpointing = Checkpointing()
+  evaluation: Evaluation = Evaluation()
+  stopping: Stopping = Stopping()
   log_every: int = 100                  # updates; 0 = only the last update
-  train_minutes: float = 0.0            # wall-clock budget; 0 = none
-  eval_bleu_sentences: int = 500        # dev sentences decoded for BLEU; 0 = no BLEU
-  eval_beam_size: int = 1
-  early_stopping_steps: int = 0         # updates without improvement; 0 = no early stopping
-  early_stopping_metric: str = "dev_loss"
-  early_stopping_delta: float = 0.1
   warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
   warm_start_optimizer: bool = False    # ... and its Adam slots
   allow_hparams_change: bool = False    # resume on a layout with other tokens per update
@@ -72,11 +65,6 @@ def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   hours, rest = divmod(seconds, 3600)
   return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-def every(count: int, update: int) -> bool:
-  """Whether `update` is one of every `count` updates (count 0: never)."""
-  return count > 0 and update % count == 0
 
 
 class NonFiniteGuard:
@@ -123,25 +111,26 @@ class Trainer:
     # The accumulators exist only for n > 1 and the counters of the update in progress are
     # new: between updates a checkpoint without them resumes as well (see _check_layout).
     self.checkpoints = Checkpoints(
-        {**self.iterators, **self.learner.trackables()}, directory,
-        options.keep_checkpoint_max, self.strategy, self.faults,
-        options.keep_checkpoint_every_n_hours, before_restore=self._check_stream,
+        {**self.iterators, **self.learner.trackables()}, directory, options.checkpointing,
+        self.strategy, self.faults, before_restore=self._check_stream,
         optional=("accumulator", "in_update", "layout"))
     self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
     self._restored = False
+    self.warm_started_from = None  # the checkpoint a new run started from
+    self._reduction_logged = False
     self._has_layout = True  # of the checkpoint restored (see _check_stream)
     self.train_writer = tf.summary.create_noop_writer()
     self.evaluator = None
     if is_chief:
       self.train_writer = None  # opened by train(), after the resume was accepted
-      if options.local_eval_frequency:
+      if options.evaluation.frequency:
         self.evaluator = Evaluator(
             self.learner, hparams, self.vocab, self.dev_files, options.output_dir,
-            options.eval_steps, options.eval_bleu_sentences, options.eval_beam_size,
-            problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""),
-            options.early_stopping_steps, options.early_stopping_metric,
-            options.early_stopping_delta)
+            options.evaluation, options.stopping,
+            problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""))
+    self.schedule = Schedule(plan.train_steps, options.stopping, options.checkpointing,
+                             options.evaluation, options.log_every)
 
   def _make_iterators(self, files) -> dict:
     """The one training stream, whatever the layout: each micro-step takes the next
@@ -240,8 +229,9 @@ class Trainer:
     path = self.checkpoints.restore()
     if path is None:
       if self.options.warm_start_from:
-        source = warm_start(self.learner, self.options.warm_start_from,
-                            self.options.warm_start_optimizer)
+        source = self.warm_started_from = self._warm_start_checkpoint()
+        warm_start(self.learner, source, self.options.warm_start_optimizer,
+                   self.options.warm_start_from)
         logging.info("warm start from %s: model weights%s; update 0", source,
                      " and Adam's slots" if self.options.warm_start_optimizer else "")
       return False
@@ -253,6 +243,20 @@ class Trainer:
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
     return True
+
+  def _warm_start_checkpoint(self) -> str:
+    """The checkpoint that --warm_start_from names, resolved once, by the chief: a run's
+    newest checkpoint may change while the workers start, and all must read the same."""
+    source = self.options.warm_start_from
+    if not self._multi_worker:
+      return warm_start_source(source)
+    number = 0.0
+    if self.is_chief:
+      path = warm_start_source(source)
+      if os.path.isdir(source):
+        number = float(checkpoint_number(path))
+    number = int(self._from_chief([number])[0])
+    return os.path.join(source, f"ckpt-{number}") if os.path.isdir(source) else source
 
   def save(self) -> str:
     micro_step = int(self.learner.micro_step.numpy())
@@ -266,37 +270,39 @@ class Trainer:
                    int(self.learner.update_step.numpy()), micro_step)
     return path
 
-  # --- stops -------------------------------------------------------------------------
+  # --- stops and what the workers share -------------------------------------------------
   def request_stop(self, signum: int) -> None:
     if self._stop_signal is not None:  # a second Ctrl-C stops at once
       raise KeyboardInterrupt
     self._stop_signal = signum
     logging.warning("received signal %d: finishing this %s and saving", signum,
-                    "micro-step" if self.plan.replicas == 1 else
+                    "micro-step" if self._stops_mid_update() else
                     f"update ({self.plan.replicas} replicas save only between updates)")
 
   def _on_signal(self, signum, frame):
     self.request_stop(signum)
 
-  def _stop_now(self) -> str | None:
-    """Why to stop before the next micro-step, or None. With several replicas a stop waits
-    for the end of the update (replica-local accumulators are not checkpointed)."""
-    if self.plan.replicas > 1 and self.learner.position():
-      return None
-    if self._stop_signal is not None and not self._multi_worker:
-      return f"signal {self._stop_signal}"
-    return None
+  def _stops_mid_update(self) -> bool:
+    """One replica in one process may stop between micro-steps; replicas save only between
+    updates (replica-local accumulators are not checkpointed)."""
+    return self.plan.replicas == 1 and not self._multi_worker
 
-  def _agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
-    """Whether to stop, and whether to save, after this update. Workers decide together (a
-    worker that stopped or saved alone would leave the others waiting in a collective): one
-    reduction carries both."""
+  def _after_micro_step(self, micro_step: int) -> bool:
+    """Whether to cut the update short after this micro-step (a stop signal)."""
+    self.faults.after_micro_step(micro_step, self.request_stop)
+    return self._stop_signal is not None and self._stops_mid_update()
+
+  def _from_chief(self, values: list[float]) -> list[float]:
+    """The chief's `values`, on every worker: one collective, in which the other workers
+    wait while the chief works alone (an evaluation, say). One process: `values`."""
     if not self._multi_worker:
-      return stop, save
-    flags = self.strategy.experimental_distribute_values_from_function(
-        lambda context: tf.constant([float(stop), float(save)]))
-    total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None).numpy()
-    return bool(total[0] > 0), bool(total[1] > 0)
+      return values
+    zeros = [0.0] * len(values)
+    per_replica = self.strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(values if context.replica_id_in_sync_group == 0 else zeros,
+                                    tf.float64))  # replica 0 is the chief's first device
+    total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    return [float(v) for v in total.numpy()]
 
   # --- the loop ----------------------------------------------------------------------
   def train(self) -> dict:
@@ -316,6 +322,90 @@ class Trainer:
       for s, handler in previous.items():
         signal.signal(s, handler)
 
+  def _loop(self) -> dict:
+    """Runs updates and does what `decide` says follows each (see t2t_lite.decide). The
+    micro-steps read nothing from the device: the host counts the updates it tried and
+    reads the device's window of statistics only when `decide` asks for it."""
+    learner, schedule = self.learner, self.schedule
+    clock = _Clock(self.options)
+    self._guard = NonFiniteGuard(self.hparams.max_consecutive_nonfinite,
+                                 self.options.output_dir)
+    self._window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
+    update = self._read_window()  # a new window
+    progress = Progress(tried=update, seen=update, applied=update)
+    # A resumed run that early stopping had stopped stays stopped.
+    early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
+    actions = decide(progress, Agreed(early_stop=self._from_chief([float(early)])[0] > 0),
+                     schedule)
+    agreement = _Agreement(learner, self._multi_worker)
+    while actions.stop is None:
+      completed = learner.run_update(self.next_batch, agreement.outgoing,
+                                     self._after_micro_step)
+      self._log_reduction()
+      progress = progress.next(completed)
+      agreed = agreement.exchange(clock.flags(self._stop_signal is not None))
+      actions = decide(progress, agreed, schedule)
+      if actions.read:
+        progress = Progress(progress.tried, progress.seen, applied=self._read_window())
+        actions = decide(progress, agreed, schedule)
+      actions = self._follow(actions, progress, agreed, clock)
+    return self._finish(actions.stop, progress, clock)
+
+  def _follow(self, actions, progress: Progress, agreed: Agreed, clock: _Clock):
+    """Logs, saves and evaluates as `actions` say; returns them, or, when the evaluation
+    says to stop early, what `decide` answers to that."""
+    update = progress.applied
+    if update is not None and update > progress.seen:
+      self._log_phase(update)
+    if actions.log:
+      self._log(update, clock)
+    if actions.save:
+      pause = time.time()
+      self.save()
+      clock.saved(pause)
+    if actions.evaluate and self._evaluate(update, clock):
+      return decide(Progress(update, update, update), agreed.with_early_stop(), self.schedule)
+    return actions
+
+  def _evaluate(self, update: int, clock: _Clock) -> bool:
+    """Evaluates on the chief while the other workers wait for its verdict; whether early
+    stopping says to stop. A failed evaluation of one process first saves the update."""
+    pause = time.time()
+    early = False
+    if self.evaluator is not None:
+      try:
+        self.evaluator.evaluate(update)
+      except BaseException:
+        if not self._multi_worker:  # a save is a collective: not while the others wait
+          self.save()
+        raise
+      early = self.evaluator.early_stop(update) is not None
+    early = self._from_chief([float(early)])[0] > 0
+    clock.paused(pause)
+    return early
+
+  def _finish(self, stop: str, progress: Progress, clock: _Clock) -> dict:
+    learner = self.learner
+    update = progress.applied if progress.applied is not None else progress.seen
+    path = self.save()
+    self.train_writer.flush()
+    if self.evaluator is not None:
+      self.evaluator.flush()
+    reason = stop
+    if stop == EARLY_STOP:
+      reason = (self.evaluator.early_stop(update) if self.evaluator is not None
+                else "early stopping, by the chief's evaluation")
+    elif stop == SIGNAL:
+      reason = (f"signal {self._stop_signal}" if self._stop_signal is not None
+                else "a stop signal on another worker")
+    elif stop == TIME_BUDGET:
+      reason = f"time budget of {self.options.stopping.train_minutes:g} minutes reached"
+    micro_step = learner.host_micro_step()
+    logging.info("stopped: %s; update %d, micro-step %d, %s", reason, update, micro_step, path)
+    return {"updates": update, "micro_steps": micro_step, "stop_reason": reason,
+            "checkpoint": path, "train_seconds": round(time.time() - clock.start, 1),
+            "skipped_updates": int(learner.skipped_updates.numpy())}
+
   def _log_phase(self, update: int) -> None:
     """With an accumulation schedule: says when the next update starts another phase."""
     schedule, plan = self.learner.schedule, self.plan
@@ -326,124 +416,23 @@ class Trainer:
                      new, update + 1, plan.batch_size * new * plan.replicas)
 
   def _log_reduction(self) -> None:
+    """Once, after the first update: how the update's cross-replica sum was built."""
+    if self.learner.reduction is None or self._reduction_logged:
+      return
+    self._reduction_logged = True
     collectives = self.learner.reduction["collective_ops"]
     logging.info("cross-replica sum per update: %d tensors in %s",
                  self.learner.reduction["tensors"],
                  f"{collectives} collective all-reduce op(s)" if collectives
                  else "a reduction to one device")
 
-  def _loop(self) -> dict:
-    """The micro-steps read nothing from the device: the host counts the updates it tried
-    (`tried`) and reads what happened (the device's window of statistics) only when an
-    update is due for a log line, an evaluation, a save or the end. A skipped update found
-    there lowers the count, and the due action waits for the update that really reaches it."""
-    plan, options, learner = self.plan, self.options, self.learner
-    update = int(learner.update_step.numpy())
-    micro_step = int(learner.micro_step.numpy())
-    learner.position()  # the host mirrors of the counters, read once here
-    learner.read_window()  # a new window
-    tried = update
-    start = window_start = time.time()
-    deadline = start + options.train_minutes * 60 if options.train_minutes > 0 else None
-    guard = NonFiniteGuard(self.hparams.max_consecutive_nonfinite, options.output_dir)
-    window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
-    stop_reason = "train_steps reached"
-    # A resumed run that early stopping had stopped stays stopped (workers agree on it).
-    early_stop = self.evaluator.early_stop(update) if self.evaluator is not None else None
-    stopped = self._agree(update < plan.train_steps and early_stop is not None, False)[0]
-    if stopped:
-      stop_reason = early_stop or "another worker stopped"
-    reduction_logged = False
-    last_save = time.time()
-    flags = NO_FLAGS  # this process's (stop, save), summed over all workers in the next update
-    while not stopped:
-      if tried >= plan.train_steps:  # the count is reached unless updates were skipped
-        update = tried = self._read_window(guard, window)["updates_done"]
-        if update >= plan.train_steps:
-          break
-      reason = self._stop_now()
-      if reason:
-        stop_reason = reason
-        break
-      stats = learner.step(self.next_batch(), flags)
-      micro_step += 1
-      self.faults.after_micro_step(micro_step, self.request_stop)
-      if stats is None:  # mid-accumulation
-        continue
-      tried += 1
-      if learner.reduction is not None and not reduction_logged:
-        reduction_logged = True
-        self._log_reduction()
-      now = time.time()
-      out_of_time = deadline is not None and now >= deadline
-      local_stop = out_of_time or self._stop_signal is not None or early_stop is not None
-      step_save = False
-      if self._due(tried) or (local_stop and not self._multi_worker):
-        previous = update
-        read = self._read_window(guard, window)
-        update = tried = read["updates_done"]
-        if update > previous:  # applied updates since the last look
-          self._log_phase(update)
-          last = update >= plan.train_steps or out_of_time or local_stop
-          if every(options.log_every, update) or last:
-            self._log(update, micro_step, read, now - window_start, window, deadline)
-            window_start = now
-          pause = time.time()
-          if self.evaluator is not None and every(options.local_eval_frequency, update):
-            self.evaluator.evaluate(update)
-            early_stop = self.evaluator.early_stop(update)
-            local_stop = local_stop or early_stop is not None
-          window_start += time.time() - pause  # tokens/s counts training time only
-          step_save = every(options.save_checkpoints_steps, update)
-      # The time budget, stop signals and timed saves are checked after every update,
-      # applied or not. Several workers decide together: the flags ride in the next update's
-      # cross-replica sum, and all act on the sum after that update.
-      timed_save = (options.save_checkpoints_secs > 0 and
-                    now - last_save >= options.save_checkpoints_secs)
-      if self._multi_worker:
-        stop, save = learner.read_agreed()
-        save = save or step_save
-        flags = (float(local_stop and update < plan.train_steps), float(timed_save))
-      else:
-        stop, save = local_stop and update < plan.train_steps, timed_save or step_save
-      if save and not stop:
-        self.save()
-        last_save = time.time()
-        window_start += last_save - now
-      if stop:
-        if self._multi_worker:  # what this worker missed of the other workers' window
-          update = tried = self._read_window(guard, window)["updates_done"]
-        stop_reason = (early_stop if early_stop is not None
-                       else f"time budget of {options.train_minutes:g} minutes reached"
-                       if out_of_time else f"signal {self._stop_signal}"
-                       if self._stop_signal is not None else "another worker stopped")
-        break
-    if tried != update:
-      update = self._read_window(guard, window)["updates_done"]
-    path = self.save()
-    self.train_writer.flush()
-    if self.evaluator is not None:
-      self.evaluator.flush()
-    summary = {"updates": update, "micro_steps": micro_step, "stop_reason": stop_reason,
-               "checkpoint": path, "train_seconds": round(time.time() - start, 1),
-               "skipped_updates": int(learner.skipped_updates.numpy())}
-    logging.info("stopped: %s; update %d, micro-step %d, %s", stop_reason, update, micro_step,
-                 path)
-    return summary
-
-  def _due(self, tried: int) -> bool:
-    """Whether update `tried` is due for a log line, an evaluation, a save or the end."""
-    options = self.options
-    return (tried >= self.plan.train_steps or every(options.log_every, tried) or
-            every(options.save_checkpoints_steps, tried) or
-            (self.evaluator is not None and every(options.local_eval_frequency, tried)))
-
-  def _read_window(self, guard: NonFiniteGuard, window: dict) -> dict:
-    """Reads the device's window of statistics: adds it to `window` (the updates since the
-    last log line), reports skipped updates, and stops a diverging run."""
-    read = self.learner.read_window()
-    for name in window:
-      window[name] += read[name]
+  def _read_window(self) -> int:
+    """Reads the device's window of statistics (a collective across workers): adds it to
+    the window of the next log line, reports skipped updates, stops a diverging run.
+    Returns the updates applied."""
+    read = self._last_read = self.learner.read_window()
+    for name in self._window:
+      self._window[name] += read[name]
     update = read["updates_done"]
     if read["overflows"]:
       logging.info("float16 overflow at %s: update%s skipped, loss scale lowered to %g",
@@ -458,32 +447,80 @@ class Trainer:
                       "reset (%d in a row, %d skipped in all)", where,
                       "" if read["skipped"] == 1 else "s", read["consecutive"],
                       int(self.learner.skipped_updates.numpy()))
-    guard.check(read["consecutive"], update)
-    return read
+    self._guard.check(read["consecutive"], update)
+    return update
 
-  def _log(self, update, micro_step, read, elapsed, window, deadline) -> None:
+  def _log(self, update: int, clock: _Clock) -> None:
     """One progress line and the train summaries of the updates since the previous one
-    (`window`, then emptied); `read`: the device's last window (learning rate, norm)."""
-    plan = self.plan
+    (the window, then emptied; the learning rate and norm of the last read)."""
+    plan, window, read = self.plan, self._window, self._last_read
+    now = time.time()
+    elapsed = max(now - clock.window_start, 1e-9)
+    clock.window_start = now
     window_updates, window_tokens = max(window["updates"], 1), window["tokens"]
-    rate = window_updates / max(elapsed, 1e-9)
-    remaining = (plan.train_steps - update) / max(rate, 1e-9)
-    if deadline is not None:
-      remaining = min(remaining, deadline - time.time())
-    tokens_per_second = window_tokens / max(elapsed, 1e-9)
+    remaining = (plan.train_steps - update) / max(window_updates / elapsed, 1e-9)
+    if clock.deadline is not None:
+      remaining = min(remaining, clock.deadline - now)
+    tokens_per_second = window_tokens / elapsed
     loss = window["loss"] / window_updates
     padding = window["padding"] / max(window["slots"], 1)
     for name in window:
       window[name] = 0
-    stats = {"learning_rate": read["learning_rate"], "grad_norm": read["grad_norm"]}
     logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
                  "%.0f tokens/update, %.1f%% padding, ETA %s", update, plan.train_steps,
-                 micro_step, loss, stats["learning_rate"], tokens_per_second,
+                 read["micro_step"], loss, read["learning_rate"], tokens_per_second,
                  window_tokens / window_updates, 100 * padding, format_duration(remaining))
     with self.train_writer.as_default(step=update):  # a no-op writer off the chief
       tf.summary.scalar("loss", loss)
-      tf.summary.scalar("learning_rate", stats["learning_rate"])
-      tf.summary.scalar("grad_norm", stats["grad_norm"])
+      tf.summary.scalar("learning_rate", read["learning_rate"])
+      tf.summary.scalar("grad_norm", read["grad_norm"])
       tf.summary.scalar("tokens_per_second", tokens_per_second)
       tf.summary.scalar("tokens_per_update", window_tokens / window_updates)
       tf.summary.scalar("padding_fraction", padding)
+
+
+class _Clock:
+  """This process's clocks: the time budget, timed saves, and the training time that
+  tokens/s is measured over (saves and evaluations excluded)."""
+
+  def __init__(self, options: RunOptions):
+    self.start = self.window_start = self.last_save = time.time()
+    minutes = options.stopping.train_minutes
+    self.deadline = self.start + minutes * 60 if minutes > 0 else None
+    self.save_secs = options.checkpointing.save_secs
+
+  def flags(self, signalled: bool) -> tuple[float, float, float]:
+    """This process's (stop signal, time budget reached, timed save due). A timed save is
+    asked for once; the clock restarts when it is asked (the save follows within an
+    update), so workers that act on it an update later do not ask twice."""
+    now = time.time()
+    out_of_time = self.deadline is not None and now >= self.deadline
+    timed_save = self.save_secs > 0 and now - self.last_save >= self.save_secs
+    if timed_save:
+      self.last_save = now
+    return float(signalled), float(out_of_time), float(timed_save)
+
+  def saved(self, since: float) -> None:
+    self.last_save = time.time()
+    self.paused(since)
+
+  def paused(self, since: float) -> None:
+    """Time since `since` was not training: tokens/s leaves it out."""
+    self.window_start += time.time() - since
+
+
+class _Agreement:
+  """What every worker acts on. One process acts on its own flags at once. Several workers
+  send theirs in the next update's cross-replica sum and all act on that sum, read after
+  the update from each worker's own copy of it (no extra collective)."""
+
+  def __init__(self, learner: Learner, multi_worker: bool):
+    self.learner, self.multi_worker = learner, multi_worker
+    self.outgoing = NO_FLAGS
+
+  def exchange(self, flags: tuple[float, float, float]) -> Agreed:
+    """The flags to act on after this update; `flags`, this process's, go out next."""
+    if not self.multi_worker:
+      return Agreed(*(bool(flag) for flag in flags))
+    self.outgoing = flags
+    return Agreed(*self.learner.read_agreed())

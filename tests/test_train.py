@@ -12,6 +12,7 @@ import tensorflow as tf
 from conftest import TINY_FLAGS, cli, tiny_hparams
 from t2t_lite import registry
 from t2t_lite.steps import plan
+from t2t_lite.decide import Checkpointing, Evaluation, Stopping
 from t2t_lite.train import RunOptions, Trainer
 
 
@@ -19,7 +20,8 @@ def make_trainer(output_dir, data_dir, train_steps, accumulate_steps=4, **option
   hparams = tiny_hparams(optimizer_multistep_accumulate_steps=accumulate_steps)
   problem = registry.problem("translate_ende_multi30k")
   run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
-                   local_eval_frequency=0, log_every=1, save_checkpoints_steps=1000, **options)
+                   evaluation=Evaluation(frequency=0), log_every=1,
+                   checkpointing=Checkpointing(save_steps=1000), **options)
   return Trainer(hparams, problem, plan(hparams, 1, train_steps), run)
 
 
@@ -161,7 +163,7 @@ def _fake_steps(trainer, monkeypatch, stats, limit=300):
 def test_time_budget_stops_a_run_of_skipped_float16_updates(multi30k_data, tmp_path,
                                                               monkeypatch):
   trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=5, accumulate_steps=1,
-                         train_minutes=0.0005)
+                         stopping=Stopping(train_minutes=0.0005))
   overflow = {"finite": False, "overflow": True}
   _fake_steps(trainer, monkeypatch, overflow, limit=5000)
   monkeypatch.setattr(trainer.learner, "loss_scale", tf.Variable(1.0), raising=False)
@@ -199,7 +201,7 @@ def test_dev_loss_has_no_label_smoothing_and_perplexity_is_its_exponential(multi
   hparams = tiny_hparams()
   assert hparams.label_smoothing == 0.1
   options = RunOptions(output_dir=str(tmp_path / "run"), data_dir=multi30k_data,
-                       local_eval_frequency=1, eval_steps=3, eval_bleu_sentences=0)
+                       evaluation=Evaluation(frequency=1, steps=3, bleu_sentences=0))
   trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
                     plan(hparams, 1, 1), options)
   results = trainer.evaluator.evaluate(0)
@@ -226,7 +228,8 @@ def test_no_device_read_between_log_lines(multi30k_data, tmp_path):
   from t2t_lite.bench import host_reads_by_update
   hparams = tiny_hparams(optimizer_multistep_accumulate_steps=2)
   options = RunOptions(output_dir=str(tmp_path / "run"), data_dir=multi30k_data, seed=11,
-                       local_eval_frequency=0, log_every=3, save_checkpoints_steps=0)
+                       evaluation=Evaluation(frequency=0), log_every=3,
+                       checkpointing=Checkpointing(save_steps=0))
   trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
                     plan(hparams, 1, 7), options)
   reads = host_reads_by_update(trainer)

@@ -78,11 +78,42 @@ def _format_bytes(count: int) -> str:
 
 
 def main() -> None:
-  from t2t_lite import registry, rundir, steps
+  from t2t_lite import registry
 
   if FLAGS.registry_help:
     print(registry.help_string())
     return
+  cluster = FLAGS.strategy == "multi_worker" and not FLAGS.dry_run
+  try:
+    resolved = _resolve()
+  except UsageError as err:
+    if cluster:  # the other workers would wait for this one
+      _join_and_report(err)
+    raise
+  if not cluster:
+    _train(*resolved)
+    return
+  from t2t_lite import distribute
+  with distribute.shared_failures():
+    _train(*resolved)
+
+
+def _join_and_report(err: UsageError) -> None:
+  """A worker that fails before joining its cluster joins it to say why, so that the others
+  stop at once instead of waiting for it."""
+  try:
+    common.import_tensorflow(before_devices=_resolve_cluster)
+    from t2t_lite import distribute
+    _, _, task = distribute.make_strategy("multi_worker", 1, FLAGS.slurm_port_base)
+    distribute.report_failure(task, err)
+  except Exception:  # noqa: BLE001  (no cluster to tell: the error itself is what matters)
+    pass
+
+
+def _resolve():
+  """Everything that needs no TensorFlow: flags, names, the run's record."""
+  from t2t_lite import registry, rundir
+
   if not FLAGS.dry_run:
     common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
     common.check_writable_dir(FLAGS.output_dir, "output_dir")
@@ -112,6 +143,11 @@ def main() -> None:
   data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
+  return problem, hparams, previous, hparams_set, data_dir
+
+
+def _train(problem, hparams, previous, hparams_set, data_dir) -> None:
+  from t2t_lite import rundir, steps
 
   tf = common.import_tensorflow(before_devices=_resolve_cluster)
   from t2t_lite import distribute
@@ -149,28 +185,34 @@ def main() -> None:
   for split in ("train", "dev"):  # a clear error before anything is written
     problem.data_files(data_dir, split)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
+  from t2t_lite.decide import Checkpointing, Evaluation, Stopping
   options = train.RunOptions(
       output_dir=FLAGS.output_dir, data_dir=data_dir, seed=FLAGS.random_seed,
-      keep_checkpoint_max=FLAGS.keep_checkpoint_max,
-      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-      local_eval_frequency=FLAGS.local_eval_frequency, eval_steps=FLAGS.eval_steps,
-      log_every=FLAGS.log_every, train_minutes=FLAGS.train_minutes,
-      eval_bleu_sentences=FLAGS.eval_bleu_sentences, eval_beam_size=FLAGS.eval_beam_size,
-      save_checkpoints_secs=FLAGS.save_checkpoints_secs,
-      keep_checkpoint_every_n_hours=FLAGS.keep_checkpoint_every_n_hours,
-      early_stopping_steps=FLAGS.eval_early_stopping_steps,
-      early_stopping_metric=FLAGS.eval_early_stopping_metric,
-      early_stopping_delta=FLAGS.eval_early_stopping_metric_delta,
-      warm_start_from=FLAGS.warm_start_from or "",
+      checkpointing=Checkpointing(
+          save_steps=FLAGS.save_checkpoints_steps, save_secs=FLAGS.save_checkpoints_secs,
+          keep_max=FLAGS.keep_checkpoint_max,
+          keep_every_n_hours=FLAGS.keep_checkpoint_every_n_hours),
+      evaluation=Evaluation(
+          frequency=FLAGS.local_eval_frequency, steps=FLAGS.eval_steps,
+          bleu_sentences=FLAGS.eval_bleu_sentences, beam_size=FLAGS.eval_beam_size),
+      stopping=Stopping(
+          train_minutes=FLAGS.train_minutes,
+          early_stopping_steps=FLAGS.eval_early_stopping_steps,
+          early_stopping_metric=FLAGS.eval_early_stopping_metric,
+          early_stopping_delta=FLAGS.eval_early_stopping_metric_delta),
+      log_every=FLAGS.log_every, warm_start_from=FLAGS.warm_start_from or "",
       warm_start_optimizer=FLAGS.warm_start_optimizer,
       allow_hparams_change=FLAGS.allow_hparams_change, xla_compile=FLAGS.xla_compile)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:
-    rundir.write_meta(FLAGS.output_dir, {
-        "hparams_set": hparams_set,
-        "problem": problem.name, "data_dir": os.path.abspath(data_dir),
-        "vocab_size": vocab_size, "hparams": hparams.values()})
+    meta = {"hparams_set": hparams_set, "problem": problem.name,
+            "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
+            "hparams": hparams.values()}
+    warm_started_from = trainer.warm_started_from or (previous or {}).get("warm_started_from")
+    if warm_started_from:
+      meta["warm_started_from"] = os.path.abspath(warm_started_from)
+    rundir.write_meta(FLAGS.output_dir, meta)
   print("\n".join(summary), flush=True)
   result = trainer.train()
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "

@@ -1,0 +1,136 @@
+"""What follows an update: log, save, evaluate, stop, and why. Pure Python, no TensorFlow.
+
+The training loop asks `decide` after every update and does what it answers. The answer is
+a function of values every worker of a cluster holds identically, never of a clock, a
+signal or the chief's role:
+
+- the update counts (`Progress`): updates tried, counted on the host, and updates applied,
+  read from the device's statistics window (a skipped non-finite update is tried but not
+  applied);
+- the agreed flags (`Agreed`): what any worker asked for (a stop signal, the time budget,
+  a timed save), summed over all workers in the update's cross-replica sum, and whether the
+  last evaluation, shared by the chief, says to stop early;
+- the options, the same on every worker.
+
+So every worker enters the same collectives (window read, save, evaluation) at the same
+update, and a cluster cannot split into workers that wait for each other in different ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+TRAIN_STEPS = "train_steps reached"
+EARLY_STOP = "early stopping"
+SIGNAL = "signal"
+TIME_BUDGET = "time budget reached"
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+  save_steps: int = 1000          # every this many updates; 0 = only when the run stops
+  save_secs: float = 0.0          # also once this long after the last save; 0 = not
+  keep_max: int = 20              # checkpoints kept; 0 = all
+  keep_every_n_hours: float = 0.0  # of those rotated away, keep one per this many hours
+
+
+@dataclass(frozen=True)
+class Evaluation:
+  frequency: int = 1000           # every this many updates; 0 = no evaluation
+  steps: int = 100                # dev batches for the dev loss; 0 = the whole dev set
+  bleu_sentences: int = 500       # dev sentences decoded for BLEU; 0 = no BLEU
+  beam_size: int = 1
+
+
+@dataclass(frozen=True)
+class Stopping:
+  train_minutes: float = 0.0      # wall-clock budget; 0 = none
+  early_stopping_steps: int = 0   # updates without improvement; 0 = no early stopping
+  early_stopping_metric: str = "dev_loss"
+  early_stopping_delta: float = 0.1
+
+
+@dataclass(frozen=True)
+class Schedule:
+  """Everything `decide` reads: the run's length in updates and the option groups."""
+  train_steps: int
+  stopping: Stopping = Stopping()
+  checkpointing: Checkpointing = Checkpointing()
+  evaluation: Evaluation = Evaluation()
+  log_every: int = 100            # updates; 0 = only the last update
+
+
+@dataclass(frozen=True)
+class Progress:
+  """The update counts after an update. `applied` is None until the window is read at this
+  update; `seen` is the applied count of the read before."""
+  tried: int
+  seen: int
+  applied: int | None = None
+
+  def next(self, completed: bool) -> Progress:
+    """The counts once another update ran (`completed`) or was cut short by a stop."""
+    seen = self.seen if self.applied is None else self.applied
+    tried = (self.tried if self.applied is None else self.applied) + int(completed)
+    return Progress(tried=tried, seen=seen)
+
+
+@dataclass(frozen=True)
+class Agreed:
+  """Flags every worker holds identically (see the module docstring)."""
+  signal: bool = False
+  out_of_time: bool = False
+  timed_save: bool = False
+  early_stop: bool = False
+
+  def with_early_stop(self) -> Agreed:
+    return dataclasses.replace(self, early_stop=True)
+
+
+@dataclass(frozen=True)
+class Actions:
+  """What to do, in this order: read the window, log, save, evaluate, stop (with why)."""
+  read: bool = False
+  log: bool = False
+  save: bool = False
+  evaluate: bool = False
+  stop: str | None = None
+
+
+def every(count: int, update: int) -> bool:
+  """Whether `update` is one of every `count` updates (count 0: never)."""
+  return count > 0 and update % count == 0
+
+
+def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
+  """What follows the update that brought the counts to `progress`.
+
+  Before the window is read (`progress.applied` is None) the answer is at most a read and a
+  timed save: a read is due at updates due for a log line, a save, an evaluation or the
+  end, and whenever a stop was agreed. Once read, actions keyed to an update number wait for
+  the update that really reaches it: after skipped updates, the applied count is lower than
+  the count tried, and nothing is due until an applied update is new. A stop always saves
+  (the final checkpoint); saving comes before evaluating, so an evaluation that fails loses
+  no update.
+  """
+  checkpointing = schedule.checkpointing
+  frequency = schedule.evaluation.frequency
+  stop_agreed = agreed.signal or agreed.out_of_time or agreed.early_stop
+  if progress.applied is None:
+    tried = progress.tried
+    due = (tried >= schedule.train_steps or every(schedule.log_every, tried) or
+           every(checkpointing.save_steps, tried) or every(frequency, tried))
+    if due or stop_agreed:
+      return Actions(read=True)
+    return Actions(save=agreed.timed_save)
+  update = progress.applied
+  fresh = update > progress.seen
+  stop = (TRAIN_STEPS if update >= schedule.train_steps else EARLY_STOP if agreed.early_stop
+          else SIGNAL if agreed.signal else TIME_BUDGET if agreed.out_of_time else None)
+  return Actions(
+      log=fresh and (every(schedule.log_every, update) or stop is not None),
+      save=(fresh and every(checkpointing.save_steps, update)) or agreed.timed_save
+      or stop is not None,
+      evaluate=fresh and every(frequency, update),
+      stop=stop)

@@ -1,0 +1,123 @@
+"""The repository's sbatch script on a real Slurm cluster (one host, two tasks): training,
+a stop by `scancel --signal=TERM`, and a resubmission that resumes exactly.
+
+CI starts the cluster (data_scripts/slurm_local_up.sh, as root) and sets
+T2T_LITE_SLURM=required: the test then fails, never skips, when Slurm cannot be reached.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import BIN, REPO, TINY_FLAGS, cli
+
+SCRIPT = os.path.join(REPO, "data_scripts", "slurm_transformer_base.sbatch")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+  """The environment to submit jobs with; fails when a required cluster is not there."""
+  if os.environ.get("T2T_LITE_SLURM") != "required":
+    pytest.skip("needs a Slurm cluster: start one with data_scripts/slurm_local_up.sh (as "
+                "root) and set T2T_LITE_SLURM=required")
+  if shutil.which("sbatch") is None:
+    pytest.fail("T2T_LITE_SLURM=required but sbatch is not installed; run "
+                "data_scripts/slurm_local_up.sh as root")
+  states = ""
+  for _ in range(30):
+    result = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    states = result.stdout.split()
+    if "idle" in states or "mixed" in states:
+      break
+    time.sleep(1)
+  else:
+    pytest.fail(f"T2T_LITE_SLURM=required but no Slurm node is idle (sinfo: {states or result.stderr.strip()})")
+  # The job inherits this environment: the installed programs first on its PATH.
+  return dict(os.environ, PATH=BIN + os.pathsep + os.environ["PATH"])
+
+
+def _port_pair() -> int:
+  for _ in range(100):
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    try:
+      with socket.socket() as s:
+        s.bind(("127.0.0.1", port + 1))
+      return port
+    except OSError:
+      continue
+  raise AssertionError("no two consecutive free ports")
+
+
+def _submit(slurm, log, data_dir, output_dir, *flags, wait=False):
+  """sbatch of the repository's script on 2 tasks of this node, its GPU request overridden
+  (this cluster has none); the job's id."""
+  args = ["sbatch", "--parsable", "--gres=none", "--nodes=1", "--ntasks=2",
+          "--ntasks-per-node=2", f"--output={log}", "--time=10"]
+  if wait:
+    args.append("--wait")
+  args += [SCRIPT, data_dir, output_dir, *TINY_FLAGS, "--local_eval_frequency=0",
+           f"--slurm_port_base={_port_pair()}", *flags]
+  result = subprocess.run(args, capture_output=True, text=True, env=slurm, timeout=300)
+  with open(log) if os.path.exists(log) else open(os.devnull) as f:
+    output = f.read()
+  assert result.returncode == 0, f"{result.stderr}\n{output[-3000:]}"
+  return result.stdout.strip().split(";")[0]
+
+
+def _model_values(directory):
+  path = tf.train.latest_checkpoint(directory)
+  return {name: tf.train.load_checkpoint(path).get_tensor(name)
+          for name, _ in tf.train.list_variables(path)
+          if name.startswith("model/") and name.endswith("VARIABLE_VALUE")}
+
+
+def test_sbatch_trains_stops_on_scancel_and_resumes_exactly(slurm, multi30k_data, tmp_path):
+  output_dir, log = str(tmp_path / "run"), str(tmp_path / "first.log")
+  job = _submit(slurm, log, multi30k_data, output_dir, "--train_steps=100000",
+                "--save_checkpoints_steps=2")
+  deadline = time.monotonic() + 180
+  while not os.path.exists(os.path.join(output_dir, "checkpoint")):
+    assert time.monotonic() < deadline, open(log).read()[-3000:] if os.path.exists(log) else ""
+    time.sleep(0.2)
+  subprocess.run(["scancel", "--signal=TERM", job], check=True)
+  while subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
+                       text=True).stdout.strip():
+    assert time.monotonic() < deadline, "the job did not end after scancel --signal=TERM"
+    time.sleep(0.2)
+  with open(log) as f:
+    first = f.read()
+  stopped = re.findall(r"trained (\d+) updates \((\d+) micro-steps\) in \S+: signal 15", first)
+  assert len(stopped) == 2 and stopped[0] == stopped[1], first[-3000:]  # both tasks, together
+  updates = int(stopped[0][0])
+  assert 2 <= updates < 100000
+  assert "Traceback" not in first
+  # only the chief writes the run: checkpoints and summaries; the other task keeps its own
+  # checkpoints (for its restore) apart, and no summaries
+  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == f"ckpt-{updates * 4}"
+  assert os.listdir(os.path.join(output_dir, "workers")) == ["worker-1"]
+  assert "train" not in os.listdir(os.path.join(output_dir, "workers", "worker-1"))
+
+  _submit(slurm, str(tmp_path / "second.log"), multi30k_data, output_dir,
+          f"--train_steps={updates + 2}", wait=True)
+  with open(tmp_path / "second.log") as f:
+    second = f.read()
+  assert second.count(f"resumed from ") == 2, second[-3000:]
+  assert second.count(f"trained {updates + 2} updates") == 2, second[-3000:]
+
+  unbroken = str(tmp_path / "unbroken")
+  cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}", f"--output_dir={unbroken}",
+      f"--train_steps={updates + 2}", "--local_eval_frequency=0", "--strategy=mirrored",
+      "--cpu_replicas=2", check=True)
+  expected, got = _model_values(unbroken), _model_values(output_dir)
+  assert expected.keys() == got.keys() and len(got) > 20
+  scale = max(float(np.abs(v).max()) for v in expected.values())
+  assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5
