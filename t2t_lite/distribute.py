@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import tensorflow as tf
 from absl import logging
@@ -170,6 +171,19 @@ def peer_failure(err: BaseException) -> str | None:
   if "Collective ops is aborted by" in text:
     return "another worker failed: " + text.split("aborted by:", 1)[1].strip().splitlines()[0]
   return None
+
+
+def leave_cluster(is_chief: bool) -> None:
+  """The end of a worker's run: all meet at a barrier; then the others exit at once, before
+  the chief, whose process holds the coordination service (a worker still sending
+  heartbeats to a chief that has exited logs an error although all went well)."""
+  from tensorflow.python.eager import context
+  context.context().wait_at_barrier("t2t-lite-end", 60_000)
+  if not is_chief:
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextlib.contextmanager

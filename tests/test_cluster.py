@@ -112,6 +112,8 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   assert all("dev_loss" in line and "dev_perplexity" in line and "dev_bleu" in line
              for line in evaluations)
   assert not any("eval at update" in line for line in other.lines)  # the chief evaluates
+  # the others leave before the chief, whose process holds the coordination service
+  assert "coordination service" not in other.err, other.err[-2000:]
   assert "trained 10 updates (20 micro-steps)" in chief.out, chief.out
   assert "early stopping: dev_loss has not improved by more than 100 for 5 updates" in chief.out
   assert "trained 10 updates (20 micro-steps)" in other.out, other.out

@@ -218,6 +218,8 @@ def _train(problem, hparams, previous, hparams_set, data_dir) -> None:
   print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
         f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
         f"{result['checkpoint']}", flush=True)
+  if FLAGS.strategy == "multi_worker":
+    distribute.leave_cluster(is_chief)
 
 
 def _check_early_stopping() -> None:
