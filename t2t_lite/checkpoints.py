@@ -10,6 +10,7 @@ checkpoint every worker has, or all stop with one error naming the directories.
 from __future__ import annotations
 
 import os
+import re
 
 import tensorflow as tf
 from absl import logging
@@ -54,8 +55,26 @@ class Checkpoints:
     return self.manager.directory
 
   def _candidates(self) -> list[str]:
-    state = tf.train.get_checkpoint_state(self.directory)
-    return list(reversed(state.all_model_checkpoint_paths)) if state else []
+    """The checkpoints to try, newest first: those the state file lists; without a readable
+    state file (checkpoints copied without it, say), the ckpt-N found on disk, so that a run
+    never starts again at update 0 over its own checkpoints."""
+    try:
+      state = tf.train.get_checkpoint_state(self.directory)
+    except Exception as err:  # noqa: BLE001  (a damaged state file: many error types)
+      logging.warning("the checkpoint state file in %s is unreadable (%s)", self.directory,
+                      str(err).strip().splitlines()[0][:160] if str(err).strip() else err)
+      state = None
+    if state is not None and state.all_model_checkpoint_paths:
+      return list(reversed(state.all_model_checkpoint_paths))
+    on_disk = sorted((checkpoint_number(name[:-len(".index")]), name[:-len(".index")])
+                     for name in (os.listdir(self.directory) if os.path.isdir(self.directory)
+                                  else [])
+                     if re.fullmatch(r"ckpt-\d+\.index", name))
+    if on_disk:
+      logging.warning("%s has checkpoints but no readable checkpoint state file: trying "
+                      "them newest first (%s)", self.directory,
+                      ", ".join(name for _, name in reversed(on_disk[-3:])))
+    return [os.path.join(self.directory, name) for _, name in reversed(on_disk)]
 
   def _restore_newest(self, at_most: int | None = None):
     """(number of the checkpoint restored, or NOTHING / FAILED; its path; the error to raise if FAILED)."""
@@ -78,6 +97,9 @@ class Checkpoints:
             f"precision differ: {str(err).splitlines()[0][:160]}); resume with the settings "
             "it was written with, or use a new --output_dir")
       except Exception as err:  # a damaged file surfaces as many error types  # noqa: BLE001
+        misfit = self._misfit(path)
+        if misfit is not None:  # readable, but of another model: not damage
+          return FAILED, None, misfit
         reason = str(err).strip().splitlines()[0][:200]
         fallback = candidates[index + 1] if index + 1 < len(candidates) else None
         logging.warning("checkpoint %s is unreadable (%s); %s", path, reason,
@@ -89,6 +111,25 @@ class Checkpoints:
           f"no readable checkpoint in {self.directory}: all of {len(candidates)} are "
           "damaged; move them away to start afresh")
     return NOTHING, None, None
+
+  def _misfit(self, path: str) -> UsageError | None:
+    """The error for a readable checkpoint whose model variables have other shapes, naming
+    them; None when the shapes fit (or the checkpoint cannot be read at all)."""
+    if "model" not in self.objects:
+      return None
+    try:
+      mismatched = [m for m in _mismatches({"model": self.objects["model"]}, path)
+                    if not m.endswith("(missing)")]
+    except Exception:  # noqa: BLE001  (unreadable: damage, reported by the caller)
+      return None
+    if not mismatched:
+      return None
+    shown = "; ".join(mismatched[:3]) + (f"; and {len(mismatched) - 3} more"
+                                         if len(mismatched) > 3 else "")
+    return UsageError(
+        f"checkpoint {path} is of another model shape ({shown}): the vocabulary or the "
+        "model hparams differ from those it was trained with (recorded in the run's "
+        "hparams.json); resume with those, or use a new --output_dir")
 
   def _gather(self, number: int) -> list[int]:
     """Every worker's `number` (one collective)."""

@@ -111,8 +111,8 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   end, and whenever a stop was agreed. Once read, actions keyed to an update number wait for
   the update that really reaches it: after skipped updates, the applied count is lower than
   the count tried, and nothing is due until an applied update is new. A stop always saves
-  (the final checkpoint); saving comes before evaluating, so an evaluation that fails loses
-  no update.
+  (the final checkpoint), and so does an evaluation, before it evaluates (as tensor2tensor
+  evaluates saved checkpoints): an evaluation that fails loses no update, on any worker.
   """
   checkpointing = schedule.checkpointing
   frequency = schedule.evaluation.frequency
@@ -128,9 +128,10 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   fresh = update > progress.seen
   stop = (TRAIN_STEPS if update >= schedule.train_steps else EARLY_STOP if agreed.early_stop
           else SIGNAL if agreed.signal else TIME_BUDGET if agreed.out_of_time else None)
+  evaluate = fresh and every(frequency, update)
   return Actions(
       log=fresh and (every(schedule.log_every, update) or stop is not None),
-      save=(fresh and every(checkpointing.save_steps, update)) or agreed.timed_save
-      or stop is not None,
-      evaluate=fresh and every(frequency, update),
+      save=(fresh and every(checkpointing.save_steps, update)) or evaluate
+      or agreed.timed_save or stop is not None,
+      evaluate=evaluate,
       stop=stop)

@@ -158,11 +158,12 @@ def peer_failure(err: BaseException) -> str | None:
   if unhealthy:
     return (f"{_task_name(*unhealthy.groups())} went away (it stopped sending heartbeats: "
             "killed, crashed or unreachable; see its log)")
+  aborted = re.search(r"aborted by: (?:Error reported from /job:\w+/(?:replica:\d+/)?"
+                      r"task:\d+: )?([a-z]+-\d+): (.*)", text)
+  if aborted:  # what a worker reported (report_failure): "<task>: <cause>"
+    return f"{aborted.group(1)} failed: {aborted.group(2).strip()}"
   if reported:
-    who, _, cause = reported.group(3).strip().partition(": ")
-    if not cause:
-      who, cause = _task_name(*reported.groups()[:2]), who
-    return f"{who} failed: {cause}"
+    return f"{_task_name(*reported.groups()[:2])} failed: {reported.group(3).strip()}"
   if re.search(r"failed to connect|Connection refused|Connection reset|Socket closed|"
                r"UNAVAILABLE", text):
     remote = re.search(r"remote target /job:(\w+)/replica:\d+/task:(\d+)", text)

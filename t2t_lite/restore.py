@@ -19,6 +19,7 @@ def load_model(output_dir, checkpoint_path, hparams_set, overrides, problem_name
   problem = registry.problem(problem_name or (meta or {}).get("problem") or "")
   data_dir = data_dir or (meta or {}).get("data_dir")
   common.require(data_dir, "data_dir", "data/multi30k_ende")
+  rundir.check_data(meta, problem, data_dir, output_dir or checkpoint_path)
   vocab = problem.get_vocab(data_dir)
   tf = common.import_tensorflow()
   path = checkpoint_path or (tf.train.latest_checkpoint(output_dir) if output_dir else None)

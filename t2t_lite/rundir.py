@@ -88,3 +88,35 @@ def parameter_count(hparams, vocab_size: int) -> int:
   embeddings = vocab_size * h if hparams.shared_embedding_and_softmax_weights else 3 * vocab_size * h
   return (embeddings + hparams.num_encoder_layers * encoder +
           hparams.num_decoder_layers * decoder + final_norms)
+
+
+# --- the data a run trained on ---------------------------------------------------------------
+def data_record(problem, data_dir: str) -> dict:
+  """What a run trains on: the problem, its languages and the vocabulary file's sha256."""
+  from t2t_lite.problems import vocab as vocab_lib
+  settings = problem.manifest(data_dir).get("settings", {})
+  with open(problem.vocab_file(data_dir), "rb") as f:
+    digest = vocab_lib.sha256(f.read())
+  return {"problem": problem.name, "source_lang": settings.get("source_lang", ""),
+          "target_lang": settings.get("target_lang", ""), "vocab_sha256": digest}
+
+
+def check_data(meta: dict | None, problem, data_dir: str, what: str,
+               same_problem: bool = True) -> None:
+  """Refuses to pair a run with data other than its own: another problem (unless not
+  `same_problem`: fine-tuning moves to other data), or another vocabulary (of the same size
+  or not). `what` names the run in the message. Runs recorded before the data record have
+  nothing to compare."""
+  recorded = (meta or {}).get("data")
+  if not recorded:
+    return
+  if same_problem and recorded["problem"] != problem.name:
+    raise UsageError(f"{what} was trained on problem {recorded['problem']}, not "
+                     f"{problem.name}; pass --problem={recorded['problem']} (or none)")
+  current = data_record(problem, data_dir)
+  if current["vocab_sha256"] != recorded["vocab_sha256"]:
+    raise UsageError(
+        f"{what} was trained with another vocabulary (sha256 {recorded['vocab_sha256'][:12]}, "
+        f"from {meta.get('data_dir', '?')}) than the one in {data_dir} (sha256 "
+        f"{current['vocab_sha256'][:12]}); give the --data_dir it was trained on, or "
+        "prepare that data again")

@@ -368,17 +368,12 @@ class Trainer:
     return actions
 
   def _evaluate(self, update: int, clock: _Clock) -> bool:
-    """Evaluates on the chief while the other workers wait for its verdict; whether early
-    stopping says to stop. A failed evaluation of one process first saves the update."""
+    """Evaluates on the chief (the update is saved already) while the other workers wait
+    for its verdict; whether early stopping says to stop."""
     pause = time.time()
     early = False
     if self.evaluator is not None:
-      try:
-        self.evaluator.evaluate(update)
-      except BaseException:
-        if not self._multi_worker:  # a save is a collective: not while the others wait
-          self.save()
-        raise
+      self.evaluator.evaluate(update)
       early = self.evaluator.early_stop(update) is not None
     early = self._from_chief([float(early)])[0] > 0
     clock.paused(pause)

@@ -94,3 +94,20 @@ def test_a_checkpoint_rotated_away_while_reading_means_starting_again(run_copy, 
   name = "model/embedding/.ATTRIBUTES/VARIABLE_VALUE"
   np.testing.assert_allclose(tf.train.load_checkpoint(saved).get_tensor(name),
                              tf.train.load_checkpoint(paths[0]).get_tensor(name), atol=1e-7)
+
+
+def test_averaging_again_keeps_what_it_did_not_write(run_copy, tmp_path):
+  """t2t-lite-translate-all writes its scores into an averaged directory: a new average
+  would delete them, and is refused instead."""
+  avg_dir = tmp_path / "avg"
+  cli("t2t-lite-avg-checkpoints", f"--output_dir={run_copy}", "--num_last_checkpoints=1",
+      f"--avg_dir={avg_dir}", check=True)
+  (avg_dir / "eval_bleu").mkdir()
+  (avg_dir / "eval_bleu" / "scored.json").write_text("{}")
+  result = cli("t2t-lite-avg-checkpoints", f"--output_dir={run_copy}",
+               "--num_last_checkpoints=2", f"--avg_dir={avg_dir}")
+  assert result.returncode == 2, result.stderr
+  assert ("holds an earlier average and files it did not write (eval_bleu), which a new "
+          "average would delete") in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1
+  assert (avg_dir / "eval_bleu" / "scored.json").read_text() == "{}"

@@ -49,19 +49,23 @@ def test_an_evaluation_off_log_and_save_updates_reads_the_window_first():
   (the crash: only the chief read it, and the workers' collectives did not match)."""
   progress = Progress(tried=5, seen=4)
   assert decide(progress, NOTHING, SCHEDULE) == Actions(read=True)
-  assert decide(Progress(5, 4, applied=5), NOTHING, SCHEDULE) == Actions(evaluate=True)
+  assert decide(Progress(5, 4, applied=5), NOTHING, SCHEDULE) == Actions(save=True,
+                                                                         evaluate=True)
   done, stop = run(SCHEDULE)
   assert [(u, a.log, a.evaluate, a.save) for u, a in done] == [
-      (4, True, False, False), (5, False, True, False), (8, True, False, False),
-      (10, False, True, False), (12, True, False, True)]
+      (4, True, False, False), (5, False, True, True), (8, True, False, False),
+      (10, False, True, True), (12, True, False, True)]
   assert stop == TRAIN_STEPS
 
 
-def test_a_save_comes_with_the_evaluation_of_its_update():
-  schedule = Schedule(train_steps=4, log_every=0, checkpointing=Checkpointing(save_steps=2),
+def test_every_evaluation_comes_after_a_save_of_its_update():
+  """Saves every 3 updates, evaluations every 2: the evaluated updates are saved too (the
+  loop saves before it evaluates), the others only when due."""
+  schedule = Schedule(train_steps=6, log_every=0, checkpointing=Checkpointing(save_steps=3),
                       evaluation=Evaluation(frequency=2))
   done, _ = run(schedule)
-  assert [(u, a) for u, a in done][:1] == [(2, Actions(save=True, evaluate=True))]
+  assert [(u, a.save, a.evaluate) for u, a in done] == [
+      (2, True, True), (3, True, False), (4, True, True), (6, True, True)]
 
 
 def test_nothing_is_read_between_due_updates():

@@ -323,6 +323,14 @@ def test_exporter_refuses_overlapping_and_occupied_export_dirs(tiny_run, tmp_pat
   result = cli("t2t-lite-exporter", f"--output_dir={run}", f"--export_dir={occupied}")
   _assert_usage_error(result, "is not empty; pass --overwrite", "t2t-lite-exporter")
   assert (occupied / "keep.txt").read_text() == "mine"
+  # --overwrite replaces an earlier export only, never a folder of other things
+  (occupied / "other_model").mkdir()
+  (occupied / "other_model" / "weights.bin").write_bytes(b"weights")
+  result = cli("t2t-lite-exporter", f"--output_dir={run}", f"--export_dir={occupied}",
+               "--overwrite")
+  _assert_usage_error(result, "holds files that no t2t-lite export wrote", "t2t-lite-exporter")
+  assert sorted(os.listdir(occupied)) == ["keep.txt", "other_model"]
+  assert (occupied / "other_model" / "weights.bin").read_bytes() == b"weights"
   empty_run = tmp_path / "no_checkpoint"
   empty_run.mkdir()
   shutil.copy(os.path.join(run, "hparams.json"), empty_run / "hparams.json")
@@ -371,7 +379,16 @@ def test_killed_export_leaves_no_export_and_the_old_one_whole(exported, tiny_run
   assert _tree_digest(old) == before
   export.export_run(run, str(old), "ctranslate2", quantization="int8")  # what --overwrite runs
   with open(old / "t2t_lite_export.json") as f:
-    assert json.load(f)["quantization"] == "int8"
+    info = json.load(f)
+  assert info["quantization"] == "int8" and info["files"] == sorted(os.listdir(old))
+  assert info["checkpoint"] == os.path.abspath(tf.train.latest_checkpoint(run))
+  # an earlier export beside files it did not write is not replaced
+  (old / "README").write_text("notes on this model")
+  result = cli("t2t-lite-exporter", f"--output_dir={run}", f"--export_dir={old}",
+               "--format=ctranslate2", "--overwrite")
+  _assert_usage_error(result, "holds an earlier export and files it did not write (README)",
+                      "t2t-lite-exporter")
+  os.remove(old / "README")
   # What a killed export leaves is a hidden temporary directory; the next export to the same
   # place clears its own (so only the never-completed "fresh" one's remains).
   left = sorted(os.listdir(tmp_path))

@@ -237,3 +237,20 @@ def test_no_device_read_between_log_lines(multi30k_data, tmp_path):
   assert len(reads["log_lines"]) == 2 and min(reads["log_lines"]) >= 1, reads
   window = trainer.learner.read_window()
   assert window["updates_done"] == 7 and window["micro_step"] == 14 and window["attempts"] == 0
+
+
+def test_a_missing_bleu_tokenizer_is_refused_before_training(monkeypatch, tmp_path):
+  """Dev BLEU of Japanese targets needs MeCab: refused when the run is set up, not at its
+  first evaluation (which would lose the updates before it)."""
+  import sys
+  from t2t_lite.decide import Stopping
+  from t2t_lite.errors import UsageError
+  from t2t_lite.evaluation import Evaluator
+  monkeypatch.setitem(sys.modules, "MeCab", None)  # as if not installed
+  with pytest.raises(UsageError, match=r"dev BLEU during training: BLEU for Japanese targets "
+                     r"needs .*; or evaluate without BLEU \(--eval_bleu_sentences=0\)"):
+    Evaluator(None, tiny_hparams(), None, [], str(tmp_path), Evaluation(bleu_sentences=8),
+              Stopping(), target_lang="ja")
+  assert not os.listdir(tmp_path)
+  Evaluator(None, tiny_hparams(), None, [], str(tmp_path), Evaluation(bleu_sentences=0),
+            Stopping(), target_lang="ja")  # no BLEU, no tokenizer needed

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 from absl import flags, logging
@@ -43,9 +44,24 @@ def check_dirs(output_dir: str, avg_dir: str) -> None:
   if os.path.exists(out):
     if not os.path.isdir(out):
       raise UsageError(f"--avg_dir={avg_dir} exists and is not a directory")
-    if os.listdir(out) and not os.path.isfile(os.path.join(out, MARKER)):
+    present = os.listdir(out)
+    if present and not os.path.isfile(os.path.join(out, MARKER)):
       raise UsageError(f"--avg_dir={avg_dir} is not empty and was not written by "
                        "t2t-lite-avg-checkpoints; choose a new directory")
+    others = sorted(name for name in present if not _written_by_average(name))
+    if others:  # e.g. t2t-lite-translate-all's scores of the earlier average
+      shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3
+                                       else "")
+      raise UsageError(f"--avg_dir={avg_dir} holds an earlier average and files it did not "
+                       f"write ({shown}), which a new average would delete; move them away "
+                       "or choose another --avg_dir")
+
+
+def _written_by_average(name: str) -> bool:
+  """What `average` writes into --avg_dir: its marker, the run's record, one checkpoint."""
+  from t2t_lite import rundir
+  return (name in (MARKER, rundir.META_FILE, "checkpoint")
+          or re.fullmatch(r"ckpt-\d+\.(index|data-\d+-of-\d+)", name) is not None)
 
 
 def _read_weights(checkpoint, path: str) -> None:

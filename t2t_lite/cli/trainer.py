@@ -131,7 +131,8 @@ def _resolve():
       FLAGS.warm_start_from).startswith(os.path.realpath(FLAGS.output_dir) + os.sep):
     raise UsageError(f"--warm_start_from={FLAGS.warm_start_from} lies inside --output_dir; "
                      "warm start reads another run")
-  problem = registry.problem(FLAGS.problem)
+  recorded = rundir.read_meta(FLAGS.output_dir) if FLAGS.output_dir else None
+  problem = registry.problem(_from_run(recorded, "problem", "problem"))
   model_override = f"model={FLAGS.model}" if FLAGS.model else ""
   hparams, previous, hparams_set = rundir.resolve(
       FLAGS.hparams_set, ",".join(filter(None, [model_override, FLAGS.hparams])),
@@ -143,10 +144,18 @@ def _resolve():
   data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
-  return problem, hparams, previous, hparams_set, data_dir
+  seed = _from_run(recorded, "random_seed", "random_seed")
+  if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
+    rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
+    if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem
+      source = FLAGS.warm_start_from
+      rundir.check_data(rundir.read_meta(source if os.path.isdir(source)
+                                         else os.path.dirname(source) or "."),
+                        problem, data_dir, f"--warm_start_from={source}", same_problem=False)
+  return problem, hparams, previous, hparams_set, data_dir, seed
 
 
-def _train(problem, hparams, previous, hparams_set, data_dir) -> None:
+def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
   from t2t_lite import rundir, steps
 
   tf = common.import_tensorflow(before_devices=_resolve_cluster)
@@ -180,14 +189,14 @@ def _train(problem, hparams, previous, hparams_set, data_dir) -> None:
 
   if FLAGS.deterministic:
     tf.config.experimental.enable_op_determinism()
-  tf.keras.utils.set_random_seed(FLAGS.random_seed)
+  tf.keras.utils.set_random_seed(seed)
   from t2t_lite import train
   for split in ("train", "dev"):  # a clear error before anything is written
     problem.data_files(data_dir, split)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   from t2t_lite.decide import Checkpointing, Evaluation, Stopping
   options = train.RunOptions(
-      output_dir=FLAGS.output_dir, data_dir=data_dir, seed=FLAGS.random_seed,
+      output_dir=FLAGS.output_dir, data_dir=data_dir, seed=seed,
       checkpointing=Checkpointing(
           save_steps=FLAGS.save_checkpoints_steps, save_secs=FLAGS.save_checkpoints_secs,
           keep_max=FLAGS.keep_checkpoint_max,
@@ -208,6 +217,7 @@ def _train(problem, hparams, previous, hparams_set, data_dir) -> None:
   if is_chief:
     meta = {"hparams_set": hparams_set, "problem": problem.name,
             "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
+            "data": rundir.data_record(problem, data_dir), "random_seed": seed,
             "hparams": hparams.values()}
     warm_started_from = trainer.warm_started_from or (previous or {}).get("warm_started_from")
     if warm_started_from:
@@ -220,6 +230,18 @@ def _train(problem, hparams, previous, hparams_set, data_dir) -> None:
         f"{result['checkpoint']}", flush=True)
   if FLAGS.strategy == "multi_worker":
     distribute.leave_cluster(is_chief)
+
+
+def _from_run(recorded: dict | None, flag: str, key: str):
+  """A flag that a resumed run takes from its record unless given; given, it must agree."""
+  value = (recorded or {}).get(key)
+  if value is None:
+    return FLAGS[flag].value
+  if FLAGS[flag].present and FLAGS[flag].value != value:
+    raise UsageError(f"{FLAGS.output_dir} was trained with --{flag}={value}, not "
+                     f"{FLAGS[flag].value}; drop --{flag} to resume it, or use another "
+                     "--output_dir")
+  return value
 
 
 def _check_early_stopping() -> None:

@@ -197,6 +197,7 @@ class Scorer:
     problem = registry.problem(FLAGS.problem or meta.get("problem") or "")
     data_dir = FLAGS.data_dir or meta.get("data_dir")
     common.require(data_dir, "data_dir", "data/multi30k_ende")
+    rundir.check_data(meta, problem, data_dir, output_dir)
     vocab = problem.get_vocab(data_dir)
     model = registry.model(hparams.model)(hparams, vocab.size)
     search = decode.Decoder(model, hparams.max_length, options.extra_decode_length)

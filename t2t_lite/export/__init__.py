@@ -28,9 +28,30 @@ def check_export_dir(export_dir: str, inputs: list[str], overwrite: bool) -> Non
   if os.path.exists(export_dir):
     if not os.path.isdir(export_dir):
       raise UsageError(f"--export_dir={export_dir} is a file; choose a directory")
-    if os.listdir(export_dir) and not overwrite:
+    present = set(os.listdir(export_dir))
+    if present and not overwrite:
       raise UsageError(f"--export_dir={export_dir} is not empty; pass --overwrite to replace "
                        "it, or choose another directory")
+    if present:
+      _check_replaceable(export_dir, present)
+
+
+def _check_replaceable(export_dir: str, present: set[str]) -> None:
+  """--overwrite replaces an earlier export only: the directory holds its marker file and
+  nothing the export did not write."""
+  try:
+    with open(os.path.join(export_dir, INFO_FILE)) as f:
+      written = json.load(f).get("files")
+  except (OSError, ValueError):
+    raise UsageError(f"--export_dir={export_dir} holds files that no t2t-lite export wrote "
+                     f"(no readable {INFO_FILE}), which --overwrite would delete; choose "
+                     "an empty or new directory") from None
+  others = sorted(present - set(written)) if written is not None else []
+  if others:
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    raise UsageError(f"--export_dir={export_dir} holds an earlier export and files it did "
+                     f"not write ({shown}), which --overwrite would delete; move them away "
+                     "or choose another directory")
 
 
 @contextlib.contextmanager
@@ -42,6 +63,8 @@ def atomic_directory(export_dir: str):
 
 
 def write_info(directory: str, info: dict) -> None:
+  """The export's marker: what it was made from, its settings and the files it wrote."""
+  info = dict(info, files=sorted([*os.listdir(directory), INFO_FILE]))
   with open(os.path.join(directory, INFO_FILE), "w") as f:
     json.dump(info, f, indent=2, sort_keys=True)
 
@@ -84,11 +107,15 @@ def export_run(output_dir: str, export_dir: str, export_format: str = "saved_mod
   from t2t_lite.cli import common
   from t2t_lite.restore import load_model
   options = export_hparams(decode_hparams, export_format)
-  model, vocab, hparams = load_model(output_dir, checkpoint_path, None, "", None, data_dir)
+  tf = common.import_tensorflow()
+  # Resolved once: a save in the meantime must not make the record name another checkpoint.
+  checkpoint = checkpoint_path or (tf.train.latest_checkpoint(output_dir) if output_dir
+                                   else None)
+  if not checkpoint:
+    raise UsageError(f"no checkpoint found in {output_dir}; pass --checkpoint_path")
+  model, vocab, hparams = load_model(output_dir, checkpoint, None, "", None, data_dir)
   # The vocabulary is read too: an export_dir holding it is refused like one holding the run.
   check_export_dir(export_dir, [output_dir, os.path.dirname(vocab.model_file)], True)
-  tf = common.import_tensorflow()
-  checkpoint = checkpoint_path or tf.train.latest_checkpoint(output_dir)
   if export_format == "ctranslate2":
     from t2t_lite.export import ctranslate2_model as exporter
   else:

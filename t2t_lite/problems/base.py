@@ -183,7 +183,11 @@ class TranslateProblem(abc.ABC):
     if not os.path.isfile(path):
       raise UsageError(f"vocabulary {path} is missing; run t2t-lite-datagen "
                        f"--problem={self.name} --data_dir={data_dir} first")
-    return vocab_lib.SubwordVocab(path)
+    try:
+      return vocab_lib.SubwordVocab(path)
+    except (RuntimeError, OSError) as err:  # sentencepiece: "could not parse ModelProto"
+      raise UsageError(f"vocabulary {path} is unreadable ({str(err).splitlines()[0][:120]}); "
+                       f"run t2t-lite-datagen --problem={self.name} again") from None
 
   def vocab_size_in(self, data_dir: str | None) -> int:
     """The real vocabulary size when data exists, else the problem's nominal size."""

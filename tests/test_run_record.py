@@ -1,0 +1,101 @@
+"""A run knows its data and its checkpoints: what it trained on is recorded and compared, and
+checkpoints are found and named, never overwritten by a fresh start."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import TINY_FLAGS, cli
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path):
+  run = str(tmp_path / "run")
+  shutil.copytree(tiny_run["output_dir"], run)
+  return run
+
+
+@pytest.fixture
+def other_vocabulary(tiny_run, tmp_path):
+  """A copy of the run's data whose vocabulary file differs (in content, not in size)."""
+  data_dir = str(tmp_path / "other_data")
+  shutil.copytree(tiny_run["data_dir"], data_dir)
+  vocab = os.path.join(data_dir, "translate_ende_multi30k.vocab.model")
+  with open(vocab, "ab") as f:
+    f.write(b"\n")
+  return data_dir
+
+
+def _one_line_error(result, message, program):
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"{program}: error: ") and message in last, last
+  return last
+
+
+def test_the_run_records_problem_languages_vocabulary_and_seed(tiny_run):
+  import hashlib
+  with open(os.path.join(tiny_run["output_dir"], "hparams.json")) as f:
+    meta = json.load(f)
+  with open(os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model"),
+            "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  assert meta["data"] == {"problem": "translate_ende_multi30k", "source_lang": "en",
+                          "target_lang": "de", "vocab_sha256": digest}
+  assert meta["random_seed"] == 7  # TINY_FLAGS
+
+
+def test_another_vocabulary_is_refused_by_resume_warm_start_decode_and_export(
+    run_copy, other_vocabulary, tmp_path):
+  message = "was trained with another vocabulary (sha256 "
+  resumed = cli("t2t-lite-trainer", f"--output_dir={run_copy}",
+                f"--data_dir={other_vocabulary}", "--train_steps=5")
+  last = _one_line_error(resumed, message, "t2t-lite-trainer")
+  assert other_vocabulary in last
+  warm = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={tmp_path / 'fine_tuned'}",
+             f"--data_dir={other_vocabulary}", f"--warm_start_from={run_copy}",
+             "--train_steps=5")
+  _one_line_error(warm, f"--warm_start_from={run_copy} {message}", "t2t-lite-trainer")
+  assert not os.path.exists(tmp_path / "fine_tuned" / "hparams.json")
+  source = tmp_path / "source.en"
+  source.write_text("A man rides a bike.\n")
+  decoded = cli("t2t-lite-decoder", f"--output_dir={run_copy}",
+                f"--data_dir={other_vocabulary}", f"--decode_from_file={source}",
+                f"--decode_to_file={tmp_path / 'out.de'}")
+  _one_line_error(decoded, message, "t2t-lite-decoder")
+  exported = cli("t2t-lite-exporter", f"--output_dir={run_copy}",
+                 f"--data_dir={other_vocabulary}", f"--export_dir={tmp_path / 'export'}")
+  _one_line_error(exported, message, "t2t-lite-exporter")
+  assert not os.path.exists(tmp_path / "export")
+
+
+def test_resume_takes_problem_and_seed_from_the_run_and_refuses_others(run_copy):
+  seed = cli("t2t-lite-trainer", f"--output_dir={run_copy}", "--random_seed=3",
+             "--train_steps=5")
+  _one_line_error(seed, "was trained with --random_seed=7, not 3; drop --random_seed",
+                  "t2t-lite-trainer")
+  problem = cli("t2t-lite-trainer", f"--output_dir={run_copy}",
+                "--problem=translate_ende_wmt14", "--train_steps=5")
+  _one_line_error(problem, "was trained with --problem=translate_ende_multi30k, not "
+                  "translate_ende_wmt14", "t2t-lite-trainer")
+
+
+def test_checkpoints_without_a_state_file_are_resumed_not_overwritten(run_copy):
+  """Checkpoints copied without TensorFlow's `checkpoint` file: the newest ckpt-N on disk
+  is restored (the run resumes at update 4), with the seed recorded by the run."""
+  os.remove(os.path.join(run_copy, "checkpoint"))
+  result = cli("t2t-lite-trainer", f"--output_dir={run_copy}", "--train_steps=5",
+               "--local_eval_frequency=0", check=True)
+  assert "has checkpoints but no readable checkpoint state file" in result.stderr
+  assert "resumed from" in result.stderr and "ckpt-8: update 4, micro-step 8" in result.stderr
+  assert "trained 5 updates (10 micro-steps)" in result.stdout
+
+
+def test_a_checkpoint_of_another_shape_is_named_not_called_damaged(run_copy):
+  result = cli("t2t-lite-trainer", f"--output_dir={run_copy}", "--train_steps=5",
+               "--allow_hparams_change", "--hparams=filter_size=96")
+  last = _one_line_error(result, "is of another model shape (model/", "t2t-lite-trainer")
+  assert "!= ours" in last and "96" in last and "damaged" not in last
