@@ -93,12 +93,25 @@ def parameter_count(hparams, vocab_size: int) -> int:
 # --- the data a run trained on ---------------------------------------------------------------
 def data_record(problem, data_dir: str) -> dict:
   """What a run trains on: the problem, its languages and the vocabulary file's sha256."""
-  from t2t_lite.problems import vocab as vocab_lib
   settings = problem.manifest(data_dir).get("settings", {})
-  with open(problem.vocab_file(data_dir), "rb") as f:
-    digest = vocab_lib.sha256(f.read())
   return {"problem": problem.name, "source_lang": settings.get("source_lang", ""),
-          "target_lang": settings.get("target_lang", ""), "vocab_sha256": digest}
+          "target_lang": settings.get("target_lang", ""),
+          "vocab_sha256": _vocab_sha256(problem, data_dir)}
+
+
+def _vocab_sha256(problem, data_dir: str) -> str:
+  from t2t_lite.problems import vocab as vocab_lib
+  path = problem.vocab_file(data_dir)
+  if not os.path.isfile(path):
+    raise UsageError(f"vocabulary {path} is missing; run t2t-lite-datagen "
+                     f"--problem={problem.name} --data_dir={data_dir} first")
+  with open(path, "rb") as f:
+    return vocab_lib.sha256(f.read())
+
+
+def data_record_of(meta: dict | None) -> dict:
+  """The data record of a run's meta ({} for runs from before it was recorded)."""
+  return (meta or {}).get("data") or {}
 
 
 def check_data(meta: dict | None, problem, data_dir: str, what: str,
@@ -113,7 +126,7 @@ def check_data(meta: dict | None, problem, data_dir: str, what: str,
   if same_problem and recorded["problem"] != problem.name:
     raise UsageError(f"{what} was trained on problem {recorded['problem']}, not "
                      f"{problem.name}; pass --problem={recorded['problem']} (or none)")
-  current = data_record(problem, data_dir)
+  current = {"vocab_sha256": _vocab_sha256(problem, data_dir)}
   if current["vocab_sha256"] != recorded["vocab_sha256"]:
     raise UsageError(
         f"{what} was trained with another vocabulary (sha256 {recorded['vocab_sha256'][:12]}, "

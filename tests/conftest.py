@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -61,6 +63,10 @@ TINY_FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_ti
               "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2",
               "--save_checkpoints_steps=2", "--log_every=1", "--local_eval_frequency=4",
               "--eval_steps=2", "--eval_bleu_sentences=16", "--random_seed=7"]
+# The same without evaluation (whose flags are refused when there is none).
+NO_EVAL_FLAGS = [flag for flag in TINY_FLAGS
+                 if not flag.startswith(("--local_eval_frequency", "--eval_"))
+                 ] + ["--local_eval_frequency=0"]
 
 
 @pytest.fixture(scope="session")
@@ -72,10 +78,89 @@ def tiny_run(multi30k_data, tmp_path_factory) -> dict:
   return {"output_dir": output_dir, "data_dir": multi30k_data, "first": result}
 
 
+# --- clusters of trainer processes on this machine ----------------------------------------
+def _free_ports(count):
+  import socket
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+class Worker:
+  """A trainer process whose output goes to files (a full pipe would stall it)."""
+
+  def __init__(self, args, env):
+    import tempfile
+    self.files = [tempfile.TemporaryFile("w+") for _ in range(2)]
+    self.process = subprocess.Popen(args, env=env, stdout=self.files[0],
+                                    stderr=self.files[1], text=True)
+    self.ended = None
+    self.out = self.err = ""
+
+  def collect(self):
+    for f in self.files:
+      f.seek(0)
+    self.out, self.err = (f.read() for f in self.files)
+    for f in self.files:
+      f.close()
+
+  @property
+  def lines(self):
+    return [line for line in self.err.splitlines() if line.strip()]
+
+
+def start_workers(flags, env_by_worker=None, count=2):
+  """`count` trainer processes forming one cluster over TF_CONFIG on 127.0.0.1."""
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
+  workers = []
+  for index in range(count):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+    env.pop("T2T_LITE_FAULT", None)
+    env.update((env_by_worker or {}).get(index, {}))
+    workers.append(Worker([os.path.join(BIN, "t2t-lite-trainer"), "--strategy=multi_worker",
+                           *flags], env))
+  return workers
+
+
+def wait(workers, timeout=240):
+  """Waits for every worker; records when each ended (time.monotonic)."""
+  deadline = time.monotonic() + timeout
+  pending = list(workers)
+  while pending:
+    for worker in list(pending):
+      if worker.process.poll() is not None:
+        worker.ended = time.monotonic()
+        pending.remove(worker)
+    if time.monotonic() > deadline:
+      for worker in pending:
+        worker.process.kill()
+        worker.process.wait()
+      for worker in workers:
+        worker.collect()
+      raise AssertionError("workers did not finish in time:\n" + "\n".join(
+          worker.err[-2000:] for worker in workers))
+    time.sleep(0.1)
+  for worker in workers:
+    worker.collect()
+  return workers
+
+
+def finish(workers):
+  for index, worker in enumerate(wait(workers)):
+    assert worker.process.returncode == 0, f"worker {index}:\n{worker.err[-3000:]}"
+  return workers
+
+
 # Under pytest-xdist (--dist loadfile) whole files are handed to the processes in collection
 # order: the longest go first, so that none starts last and leaves the other process idle.
-LONGEST_FIRST = ("test_export.py", "test_schedule.py", "test_distribute.py",
-                 "test_reliability.py", "test_workflow.py", "test_translate_all.py")
+LONGEST_FIRST = ("test_distribute.py", "test_export.py", "test_schedule.py", "test_cluster.py",
+                 "test_reliability.py", "test_slurm.py", "test_workflow.py",
+                 "test_translate_all.py", "test_run_record.py")
 
 
 def pytest_collection_modifyitems(items):

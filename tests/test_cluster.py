@@ -3,78 +3,14 @@ start, get signals, lose a worker, fail on one worker only."""
 
 import json
 import os
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, TINY_FLAGS, cli
+from conftest import TINY_FLAGS, finish, start_workers, wait
 
 PROGRAM = "t2t-lite-trainer"
-
-
-def _free_ports(count):
-  import socket
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
-class Worker:
-  def __init__(self, process):
-    self.process, self.ended = process, None
-    self.out = self.err = ""
-
-  @property
-  def lines(self):
-    return [line for line in self.err.splitlines() if line.strip()]
-
-
-def start_workers(flags, env_by_worker=None, count=2):
-  """`count` trainer processes forming one cluster over TF_CONFIG on 127.0.0.1."""
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
-  workers = []
-  for index in range(count):
-    env = dict(os.environ, TF_CONFIG=json.dumps(
-        {"cluster": cluster, "task": {"type": "worker", "index": index}}))
-    env.pop("T2T_LITE_FAULT", None)
-    env.update((env_by_worker or {}).get(index, {}))
-    workers.append(Worker(subprocess.Popen(
-        [os.path.join(BIN, PROGRAM), "--strategy=multi_worker", *flags], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-  return workers
-
-
-def wait(workers, timeout=240):
-  """Waits for every worker; records when each ended (time.monotonic)."""
-  deadline = time.monotonic() + timeout
-  pending = list(workers)
-  while pending:
-    for worker in list(pending):
-      if worker.process.poll() is not None:
-        worker.ended = time.monotonic()
-        pending.remove(worker)
-    if time.monotonic() > deadline:
-      for worker in pending:
-        worker.process.kill()
-      raise AssertionError("workers did not finish in time")
-    time.sleep(0.1)
-  for worker in workers:
-    worker.out, worker.err = worker.process.communicate()
-  return workers
-
-
-def finish(workers):
-  for index, worker in enumerate(wait(workers)):
-    assert worker.process.returncode == 0, f"worker {index}:\n{worker.err[-3000:]}"
-  return workers
 
 
 def model_values(directory):
@@ -131,41 +67,6 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   assert best["metric"] == "dev_loss" and best["improved_at"] == 5 and best["update"] in (5, 10)
   assert relative_difference(model_values(output_dir), model_values(
       os.path.join(output_dir, "workers", "worker-1"))) == 0.0
-
-
-@pytest.fixture(scope="module")
-def unbroken(tiny_run, tmp_path_factory):
-  """4 updates by 2 mirrored replicas in one process: what the pair below must end with."""
-  output_dir = str(tmp_path_factory.mktemp("unbroken") / "run")
-  cli(PROGRAM, *flags_for(tiny_run["data_dir"], output_dir, "--train_steps=4",
-                          "--local_eval_frequency=0", "--strategy=mirrored",
-                          "--cpu_replicas=2"), check=True)
-  return model_values(output_dir)
-
-
-def test_a_signal_to_one_worker_and_the_loss_of_another(tiny_run, unbroken, tmp_path):
-  """SIGTERM reaches worker 1 only (in update 2): both stop together after update 3 and
-  save. Resumed, worker 1 is SIGKILLed in update 4: worker 0 exits with one line naming it,
-  within 60 s. Resumed again, the pair ends where an unbroken run ends."""
-  output_dir = str(tmp_path / "run")
-  flags = flags_for(tiny_run["data_dir"], output_dir, "--train_steps=4",
-                    "--local_eval_frequency=0")
-  chief, other = finish(start_workers(flags, {1: {"T2T_LITE_FAULT": "signal:3"}}))
-  for worker in (chief, other):
-    assert "trained 3 updates (6 micro-steps)" in worker.out, worker.out
-  assert "a stop signal on another worker" in chief.out and "signal 15" in other.out
-  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == "ckpt-12"
-
-  chief, other = wait(start_workers(flags, {1: {"T2T_LITE_FAULT": "micro:7"}}))
-  assert other.process.returncode == -signal.SIGKILL
-  assert chief.process.returncode == 1, chief.err[-3000:]
-  assert "Traceback" not in chief.err
-  assert chief.lines[-1].startswith(f"{PROGRAM}: error: worker-0: stopped because worker-1 "
-                                    "went away"), chief.lines[-1]
-  assert chief.ended - other.ended < 60
-
-  finish(start_workers(flags))
-  assert relative_difference(model_values(output_dir), unbroken) < 1e-5
 
 
 def _corrupt_best(output_dir):

@@ -282,6 +282,43 @@ def test_interrupted_datagen_is_redone(tmp_path):
   assert "nothing to do" not in _datagen(tmp_path, raw).stdout
 
 
+def _digests(folder):
+  import hashlib
+  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_datagen_never_replaces_other_data_unasked_nor_in_place(tmp_path):
+  """Data of other inputs or settings in --data_dir is refused (exit 2, saying what differs)
+  and left whole; --overwrite replaces it, building the new files beside the old ones (a
+  datagen killed before the end leaves the old data whole, its staging files removed by the
+  next run); a shard changed afterwards is refused by the trainer."""
+  raw, out = tmp_path / "raw", tmp_path / "out"
+  _corpus(raw)
+  assert _datagen(tmp_path, raw).returncode == 0
+  before = _digests(out)
+  other = cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={out}",
+              f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de", "--vocab_size=280")
+  _assert_usage_error(other, "holds translate_folder data made from other inputs or settings",
+                      "vocab_size 300 -> 280", "write the new data to another --data_dir",
+                      "--overwrite")
+  assert _digests(out) == before
+  stale = out / "translate_folder.vocab.model.new-999999999"  # of a killed datagen
+  stale.write_bytes(b"partial")
+  replaced = cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={out}",
+                 f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de",
+                 "--vocab_size=280", "--overwrite")
+  assert replaced.returncode == 0, replaced.stderr
+  assert not stale.exists() and not [p for p in out.iterdir() if ".new-" in p.name]
+  manifest = registry.problem("translate_folder").manifest(str(out))
+  assert manifest["settings"]["vocab_size"] == 280
+  assert _digests(out)["translate_folder.vocab.model"] != before["translate_folder.vocab.model"]
+  shard = out / manifest["splits"]["train"]["files"][0]
+  shard.write_bytes(shard.read_bytes() + b"x")
+  problem = registry.problem("translate_folder")
+  with pytest.raises(UsageError, match="bytes, the manifest says .* changed after datagen"):
+    problem.data_files(str(out), "train")
+
+
 def test_batch_size_smaller_than_max_length_is_refused():
   with pytest.raises(UsageError, match="batch_size=100 tokens cannot hold one sequence"):
     data.check_batch_size(100, 256)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, REPO, TINY_FLAGS, cli
+from conftest import BIN, NO_EVAL_FLAGS, REPO, cli, finish, start_workers, wait
 from t2t_lite import registry
 from t2t_lite.errors import UsageError
 from t2t_lite.steps import plan
@@ -62,24 +62,26 @@ def _finish(processes):
 
 
 def _flags(data_dir):
-  return TINY_FLAGS + [f"--data_dir={data_dir}", "--local_eval_frequency=0"]
+  return NO_EVAL_FLAGS + [f"--data_dir={data_dir}"]
 
 
 @pytest.fixture(scope="module")
 def two_worker_run(multi30k_data, tmp_path_factory):
-  """2 updates (n=2) by 2 worker processes over TF_CONFIG, and by one process with 2
-  mirrored replicas, run side by side."""
+  """3 updates (n=2) by 2 worker processes over TF_CONFIG, saving after each (ckpt-4, 8 and
+  12, named by the micro-batches of both), and by one process with 2 mirrored replicas, run
+  side by side."""
   root = tmp_path_factory.mktemp("two_workers")
   mirrored_dir, workers_dir = str(root / "mirrored"), str(root / "workers")
   flags = _flags(multi30k_data)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-  processes = [_trainer(*flags, "--train_steps=2", "--strategy=mirrored", "--cpu_replicas=2",
+  processes = [_trainer(*flags, "--train_steps=3", "--strategy=mirrored", "--cpu_replicas=2",
                         f"--output_dir={mirrored_dir}")]
   for index in range(2):
     env = dict(os.environ, TF_CONFIG=json.dumps(
         {"cluster": cluster, "task": {"type": "worker", "index": index}}))
-    processes.append(_trainer(*flags, "--train_steps=2", "--strategy=multi_worker",
-                              f"--output_dir={workers_dir}", env=env))
+    processes.append(_trainer(*flags, "--train_steps=3", "--strategy=multi_worker",
+                              "--save_checkpoints_steps=1", f"--output_dir={workers_dir}",
+                              env=env))
   outputs = _finish(processes)
   return {"mirrored_dir": mirrored_dir, "workers_dir": workers_dir, "outputs": outputs}
 
@@ -97,41 +99,13 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst
   written = sorted(os.listdir(workers_dir))
-  assert "ckpt-8.index" in written and "hparams.json" in written and "train" in written
+  assert {"ckpt-8.index", "ckpt-12.index", "hparams.json", "train"} <= set(written)
   assert "eval" not in written  # no evaluation asked for, no empty summaries
   # the other worker keeps its own checkpoints (its data iterator) apart from the chief's,
   # and writes no summaries
   assert sorted(os.listdir(os.path.join(workers_dir, "workers"))) == ["worker-1"]
   worker_1 = os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
-  assert "ckpt-8.index" in worker_1 and "train" not in worker_1
-
-
-@pytest.fixture(scope="module")
-def slurm_resumed(two_worker_run, multi30k_data, tmp_path_factory):
-  """The two workers of two_worker_run resumed for one more update as two Slurm tasks on
-  this node (no TF_CONFIG): checkpoints ckpt-8 and ckpt-12 in each worker's directory (named by the micro-batches of both)."""
-  workers_dir = str(tmp_path_factory.mktemp("slurm") / "workers")
-  shutil.copytree(two_worker_run["workers_dir"], workers_dir)
-  port_base = _free_port_pair()
-  processes = []
-  for index in range(2):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(SLURM_JOB_ID="42", SLURM_PROCID=str(index), SLURM_NTASKS="2",
-               SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost",
-               SLURM_STEP_TASKS_PER_NODE="2")
-    processes.append(_trainer(*_flags(multi30k_data), "--train_steps=3",
-                              "--strategy=multi_worker", f"--output_dir={workers_dir}",
-                              f"--slurm_port_base={port_base}", env=env))
-  return {"workers_dir": workers_dir, "outputs": _finish(processes)}
-
-
-def test_workers_resume_as_a_slurm_job_step(slurm_resumed):
-  """Each worker continues from its own checkpoints."""
-  workers_dir = slurm_resumed["workers_dir"]
-  for _, err in slurm_resumed["outputs"]:
-    assert "update 2, micro-step 4" in err and "update 3/3 (micro-step 6)" in err
-  assert "ckpt-12.index" in os.listdir(workers_dir)
-  assert "ckpt-12.index" in os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
+  assert "ckpt-12.index" in worker_1 and "train" not in worker_1
 
 
 def _two_workers(data_dir, output_dir, train_steps):
@@ -151,13 +125,13 @@ def _remove_checkpoint(directory, name, state_too=False):
       os.remove(os.path.join(directory, file))
 
 
-def test_workers_agree_on_the_newest_checkpoint_they_all_have(slurm_resumed, multi30k_data,
+def test_workers_agree_on_the_newest_checkpoint_they_all_have(two_worker_run, multi30k_data,
                                                                tmp_path):
   """Worker 1 lost its newest checkpoint (ckpt-12): both resume from ckpt-8 (micro-step 4)
   instead of the chief from micro-step 6 and worker 1 from 4 (which would hang the job in its
   collectives)."""
   workers_dir = str(tmp_path / "workers")
-  shutil.copytree(slurm_resumed["workers_dir"], workers_dir)
+  shutil.copytree(two_worker_run["workers_dir"], workers_dir)
   _remove_checkpoint(os.path.join(workers_dir, "workers", "worker-1"), "ckpt-12")
   for process, _, err in _two_workers(multi30k_data, workers_dir, train_steps=4):
     assert process.returncode == 0, err[-3000:]
@@ -166,11 +140,11 @@ def test_workers_agree_on_the_newest_checkpoint_they_all_have(slurm_resumed, mul
     assert "update 3/4 (micro-step 6)" in err and "update 4/4 (micro-step 8)" in err
 
 
-def test_workers_with_no_checkpoint_in_common_stop_with_one_error(slurm_resumed,
+def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run,
                                                                   multi30k_data, tmp_path):
   workers_dir = str(tmp_path / "workers")
-  shutil.copytree(slurm_resumed["workers_dir"], workers_dir)
-  for name in ("ckpt-8", "ckpt-12"):  # the chief's run directory lost all its checkpoints
+  shutil.copytree(two_worker_run["workers_dir"], workers_dir)
+  for name in ("ckpt-4", "ckpt-8", "ckpt-12"):  # the chief's run directory lost all its checkpoints
     _remove_checkpoint(workers_dir, name, state_too=True)
   for index, (process, _, err) in enumerate(_two_workers(multi30k_data, workers_dir,
                                                          train_steps=4)):
@@ -187,10 +161,10 @@ def test_workers_with_no_checkpoint_in_common_stop_with_one_error(slurm_resumed,
 def test_a_stop_with_two_replicas_waits_for_the_update_and_resumes_exactly(
     two_worker_run, multi30k_data, tmp_path):
   """A SIGTERM after micro-step 1 of 2: two mirrored replicas finish the update and save
-  ckpt-4 (2 x 2 micro-batches; a checkpoint between updates holds no replica-local sums); the resumed run ends
-  where the unbroken one did."""
+  ckpt-4 (2 x 2 micro-batches; a checkpoint between updates holds no replica-local sums);
+  the resumed run ends where the unbroken one did."""
   output_dir = str(tmp_path / "mirrored")
-  flags = [*_flags(multi30k_data), "--train_steps=2", "--strategy=mirrored", "--cpu_replicas=2",
+  flags = [*_flags(multi30k_data), "--train_steps=3", "--strategy=mirrored", "--cpu_replicas=2",
            f"--output_dir={output_dir}"]
   first = _trainer(*flags, env=dict(os.environ, T2T_LITE_FAULT="signal:1"))
   _, err = first.communicate(timeout=240)
@@ -201,6 +175,33 @@ def test_a_stop_with_two_replicas_waits_for_the_update_and_resumes_exactly(
   expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
   worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
   assert worst <= 1e-6, worst
+
+
+def test_a_signal_to_one_worker_and_the_loss_of_another(two_worker_run, multi30k_data,
+                                                        tmp_path):
+  """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and
+  save. Resumed, worker 1 is SIGKILLed in update 3: worker 0 exits with one line naming it,
+  within 60 s. Resumed again, the pair ends where an unbroken run ends."""
+  output_dir = str(tmp_path / "run")
+  flags = [*_flags(multi30k_data), "--train_steps=3", f"--output_dir={output_dir}"]
+  chief, other = finish(start_workers(flags, {1: {"T2T_LITE_FAULT": "signal:1"}}))
+  for worker in (chief, other):
+    assert "trained 2 updates (4 micro-steps)" in worker.out, worker.out
+  assert "a stop signal on another worker" in chief.out and "signal 15" in other.out
+  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == "ckpt-8"
+
+  chief, other = wait(start_workers(flags, {1: {"T2T_LITE_FAULT": "micro:5"}}))
+  assert other.process.returncode == -9
+  assert chief.process.returncode == 1, chief.err[-3000:]
+  assert "Traceback" not in chief.err
+  assert chief.lines[-1].startswith("t2t-lite-trainer: error: worker-0: stopped because "
+                                    "worker-1 went away"), chief.lines[-1]
+  assert chief.ended - other.ended < 60
+
+  finish(start_workers(flags))
+  expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
+  scale = max(float(np.abs(v).max()) for v in expected.values())
+  assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5
 
 
 def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch):
@@ -217,24 +218,6 @@ def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch)
     assert distribute.planned_replicas("multi_worker") == replicas, (tasks, per_node)
   monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
   assert distribute.planned_replicas("multi_worker") == 3  # CPU nodes: one replica a task
-
-
-def _free_port_pair() -> int:
-  """A port p such that p and p + 1 are free (Slurm tasks of a node use consecutive ports)."""
-  for _ in range(50):
-    first = socket.socket()
-    first.bind(("127.0.0.1", 0))
-    port = first.getsockname()[1]
-    second = socket.socket()
-    try:
-      second.bind(("127.0.0.1", port + 1))
-      return port
-    except OSError:
-      continue
-    finally:
-      first.close()
-      second.close()
-  raise RuntimeError("no two consecutive free ports")
 
 
 def _slurm_step(monkeypatch, **extra):

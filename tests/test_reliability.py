@@ -6,9 +6,11 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import BIN, cli
+from t2t_lite.errors import UsageError
 
 FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
          "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=4",
@@ -113,9 +115,9 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny_run, tmp_path):
   data_file = [f for f in os.listdir(run) if f.startswith(os.path.basename(latest) + ".data")][0]
   with open(os.path.join(run, data_file), "r+b") as f:
     f.truncate(1000)
-  from conftest import TINY_FLAGS
-  result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--output_dir={run}", "--train_steps=5",
-               "--local_eval_frequency=0", check=True)
+  from conftest import NO_EVAL_FLAGS
+  result = cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--output_dir={run}", "--train_steps=5",
+               check=True)
   assert f"checkpoint {latest} is unreadable" in result.stderr
   assert "falling back to" in result.stderr
   assert "resumed from" in result.stderr
@@ -148,8 +150,15 @@ def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
   assert f"data file {shard} listed in the manifest is missing" in result.stderr
   assert "Traceback" not in result.stderr
   assert not (tmp_path / "run").exists()
+  # a shard cut short after datagen is refused too, naming both sizes
+  shutil.copyfile(os.path.join(multi30k_data, shard.name), shard)
   problem = registry.problem("translate_ende_multi30k")
-  assert problem.vocab_size_in(str(data_dir)) == 8000
+  size = os.path.getsize(shard)
+  with open(shard, "r+b") as f:
+    f.truncate(size - 10)
+  with pytest.raises(UsageError, match=f"data file {shard} has {size - 10} bytes, the "
+                     f"manifest says {size}: it was changed after datagen"):
+    problem.data_files(str(data_dir), "train")
 
 
 def test_ctrl_c_saves_mid_accumulation_and_exits_cleanly(multi30k_data, tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY_FLAGS, cli
+from conftest import NO_EVAL_FLAGS, cli
 from test_workflow import _ends_in_usage_error, _usage_error
 
 
@@ -29,8 +29,8 @@ def _worst_difference(expected, got):
 
 
 def _train(data_dir, output_dir, *args, env=None, check=True):
-  return cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={data_dir}",
-             f"--output_dir={output_dir}", "--local_eval_frequency=0", *args, env=env,
+  return cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={data_dir}",
+             f"--output_dir={output_dir}", *args, env=env,
              check=check)
 
 

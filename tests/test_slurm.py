@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, REPO, TINY_FLAGS, cli
+from conftest import BIN, NO_EVAL_FLAGS, REPO, cli
 
 SCRIPT = os.path.join(REPO, "data_scripts", "slurm_transformer_base.sbatch")
 
@@ -64,7 +64,7 @@ def _submit(slurm, log, data_dir, output_dir, *flags, wait=False):
           "--ntasks-per-node=2", f"--output={log}", "--time=10"]
   if wait:
     args.append("--wait")
-  args += [SCRIPT, data_dir, output_dir, *TINY_FLAGS, "--local_eval_frequency=0",
+  args += [SCRIPT, data_dir, output_dir, *NO_EVAL_FLAGS,
            f"--slurm_port_base={_port_pair()}", *flags]
   result = subprocess.run(args, capture_output=True, text=True, env=slurm, timeout=300)
   with open(log) if os.path.exists(log) else open(os.devnull) as f:
@@ -110,12 +110,12 @@ def test_sbatch_trains_stops_on_scancel_and_resumes_exactly(slurm, multi30k_data
           f"--train_steps={updates + 2}", wait=True)
   with open(tmp_path / "second.log") as f:
     second = f.read()
-  assert second.count(f"resumed from ") == 2, second[-3000:]
+  assert second.count("resumed from ") == 2, second[-3000:]
   assert second.count(f"trained {updates + 2} updates") == 2, second[-3000:]
 
   unbroken = str(tmp_path / "unbroken")
-  cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}", f"--output_dir={unbroken}",
-      f"--train_steps={updates + 2}", "--local_eval_frequency=0", "--strategy=mirrored",
+  cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={multi30k_data}",
+      f"--output_dir={unbroken}", f"--train_steps={updates + 2}", "--strategy=mirrored",
       "--cpu_replicas=2", check=True)
   expected, got = _model_values(unbroken), _model_values(output_dir)
   assert expected.keys() == got.keys() and len(got) > 20

@@ -27,7 +27,7 @@ TRAIN_FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_t
                "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2,"
                "learning_rate_warmup_steps=1",
                "--save_checkpoints_steps=1", "--keep_checkpoint_max=0", "--train_steps=3",
-               "--local_eval_frequency=0", "--eval_bleu_sentences=0", "--log_every=0",
+               "--local_eval_frequency=0", "--log_every=0",
                "--random_seed=7"]
 SCORE_LINE = re.compile(r"^(ckpt-\d+) \(update (\d+)\): BLEU (\d+\.\d\d)$")
 
@@ -142,6 +142,41 @@ def test_one_bleu_point_per_checkpoint_at_its_update(scored):
     assert value == pytest.approx(record[name]["bleu"], abs=1e-4)
     assert f"{value:.2f}" == printed[name][1]
   assert "scored 3 checkpoints (0 scored before)" in scored["result"].stderr
+  with open(os.path.join(scored["run"], "eval_bleu", "scored.json")) as f:
+    against = json.load(f)["scored_against"]
+  with open(os.path.join(scored["run"], "hparams.json")) as f:
+    meta = json.load(f)
+  assert against["problem"] == "translate_ende_multi30k"
+  assert against["vocab_sha256"] == meta["data"]["vocab_sha256"]
+  assert against["hparams_set"] == "transformer_tiny" and against["hparams"] == meta["hparams"]
+
+
+def test_an_average_is_plotted_at_the_update_it_records(run, texts, tmp_path):
+  """ckpt-6 of a run of 2 micro-steps an update is update 3, averaged or not (its number
+  divided by the accumulate steps was a guess, wrong with replicas or a schedule)."""
+  avg = str(tmp_path / "avg")
+  cli("t2t-lite-avg-checkpoints", f"--output_dir={run}", "--num_last_checkpoints=2",
+      f"--avg_dir={avg}", env=ENV, check=True)
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(avg))
+  assert int(reader.get_tensor("update_step/.ATTRIBUTES/VARIABLE_VALUE")) == 3
+  result = translate_all(f"--output_dir={avg}", f"--decode_from_file={texts['source']}",
+                         f"--reference={texts['reference']}", DECODE)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert list(scores(result.stdout)) == ["ckpt-6"] and scores(result.stdout)["ckpt-6"][0] == 3
+
+
+def test_no_checkpoint_scored_is_a_failed_run(run, texts, tmp_path):
+  copy = tmp_path / "run"
+  shutil.copytree(run, copy)
+  for name in os.listdir(copy):
+    if name.startswith("ckpt-") and ".data-" in name:
+      (copy / name).write_bytes(b"cut short")
+  result = translate_all(f"--output_dir={copy}", f"--decode_from_file={texts['source']}",
+                         f"--reference={texts['reference']}", DECODE)
+  assert result.returncode == 1, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("t2t-lite-translate-all: error: no checkpoint of") and \
+      "could be scored (3 unreadable" in last, last
 
 
 def test_newest_checkpoint_scores_as_decoder_then_bleu(scored, texts):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, TINY_FLAGS, cli
+from conftest import BIN, NO_EVAL_FLAGS, TINY_FLAGS, cli
 
 LINES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Kids."]
 
@@ -91,8 +91,8 @@ def test_checkpoints_by_time_and_kept_by_the_hour(multi30k_data, tmp_path):
   """No step-based saves: the first update (its trace alone takes over 0.5 s) is saved by
   time; rotation (1 kept) would remove it, keep_checkpoint_every_n_hours keeps it on disk."""
   output_dir = str(tmp_path / "run")
-  cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}",
-      f"--output_dir={output_dir}", "--train_steps=4", "--local_eval_frequency=0",
+  cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={multi30k_data}",
+      f"--output_dir={output_dir}", "--train_steps=4",
       "--save_checkpoints_steps=0", "--save_checkpoints_secs=0.5", "--keep_checkpoint_max=1",
       "--keep_checkpoint_every_n_hours=0.0001", check=True)
   on_disk = sorted(int(name[5:-6]) for name in os.listdir(output_dir)
@@ -235,3 +235,26 @@ def test_warm_start_of_another_shape_names_the_variables(tiny_run, tmp_path):
   assert "!= ours [" in result.stderr and "warm start needs the same model shapes" in result.stderr
   assert not os.path.exists(tmp_path / "run" / "checkpoint")
   assert not os.path.exists(tmp_path / "run" / "hparams.json")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cpu_replicas=2"], "--cpu_replicas is read only with --strategy=mirrored"),
+    (["--local_eval_frequency=0", "--eval_bleu_sentences=50"],
+     "--eval_bleu_sentences is read only with evaluations (--local_eval_frequency > 0)"),
+    (["--local_eval_frequency=0", "--eval_beam_size=4"],
+     "--eval_beam_size is read only with evaluations"),
+])
+def test_flags_that_would_be_ignored_are_refused(args, message, tmp_path):
+  result = cli("t2t-lite-trainer", f"--output_dir={tmp_path / 'run'}",
+               f"--data_dir={tmp_path / 'data'}", *args)
+  _usage_error(result, message, "t2t-lite-trainer")
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_decoder_refuses_to_write_over_its_source(tiny_run, tmp_path):
+  source = tmp_path / "test.en"
+  source.write_text("A man rides a bike.\n")
+  result = cli("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}",
+               f"--decode_from_file={source}", f"--decode_to_file={tmp_path}/./test.en")
+  _usage_error(result, "is --decode_from_file, which it would overwrite", "t2t-lite-decoder")
+  assert source.read_text() == "A man rides a bike.\n"

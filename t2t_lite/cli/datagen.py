@@ -12,6 +12,8 @@ flags.DEFINE_string("data_dir", None, "Where the vocabulary, shards and manifest
 flags.DEFINE_string("tmp_dir", None, "Where the raw corpus is (or is downloaded to).")
 flags.DEFINE_string("source_lang", "", "translate_folder: source file suffix, e.g. en.")
 flags.DEFINE_string("target_lang", "", "translate_folder: target file suffix, e.g. de.")
+flags.DEFINE_bool("overwrite", False, "Replace data in --data_dir made from other inputs or "
+                  "settings (runs that recorded its vocabulary then refuse the new one).")
 common.define_count("vocab_size", 0, "Vocabulary size (0: the problem's own; 8000 for "
                     "translate_folder, 32000 for translate_ende_wmt14).")
 FLAGS = flags.FLAGS
@@ -27,7 +29,7 @@ def main() -> None:
   problem.configure(source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
                     vocab_size=FLAGS.vocab_size)
   common.import_tensorflow()
-  manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir)
+  manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir, FLAGS.overwrite)
   if manifest["skipped"]:
     print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "
           "nothing to do")

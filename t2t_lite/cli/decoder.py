@@ -100,6 +100,9 @@ def _mode() -> str:
   path = getattr(FLAGS, given[0])
   if not os.path.isfile(path):
     raise UsageError(f"--{given[0]}={path} does not exist")
+  if os.path.realpath(FLAGS.decode_to_file) == os.path.realpath(path):
+    raise UsageError(f"--decode_to_file={FLAGS.decode_to_file} is --{given[0]}, which it "
+                     "would overwrite; write the output to another file")
   return "translate" if given[0] == "decode_from_file" else "score"
 
 

@@ -120,6 +120,7 @@ def _resolve():
   if FLAGS.model:
     registry.models.canonical(FLAGS.model)
   _check_early_stopping()
+  _check_read_flags()
   if FLAGS.keep_checkpoint_every_n_hours and not FLAGS.keep_checkpoint_max:
     raise UsageError("--keep_checkpoint_every_n_hours keeps checkpoints that "
                      "--keep_checkpoint_max rotates away, and --keep_checkpoint_max=0 keeps "
@@ -242,6 +243,18 @@ def _from_run(recorded: dict | None, flag: str, key: str):
                      f"{FLAGS[flag].value}; drop --{flag} to resume it, or use another "
                      "--output_dir")
   return value
+
+
+def _check_read_flags() -> None:
+  """Flags that mean something only beside another are refused without it."""
+  if FLAGS["cpu_replicas"].present and FLAGS.strategy != "mirrored":
+    raise UsageError("--cpu_replicas is read only with --strategy=mirrored; set that too, "
+                     "or drop it")
+  if not FLAGS.local_eval_frequency:
+    for name in ("eval_steps", "eval_bleu_sentences", "eval_beam_size"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} is read only with evaluations (--local_eval_frequency "
+                         "> 0); set that, or drop it")
 
 
 def _check_early_stopping() -> None:

@@ -34,7 +34,7 @@ from t2t_lite import files
 from t2t_lite.cli import bleu as bleu_cli  # noqa: F401  (its --reference and --target_lang)
 from t2t_lite.cli import common
 from t2t_lite.cli import decoder as decoder_cli
-from t2t_lite.errors import UsageError
+from t2t_lite.errors import RunError, UsageError
 
 # The decoder's and the scorer's flags, with their meaning: --output_dir, --data_dir,
 # --problem, --hparams_set, --hparams, --decode_hparams (batch_size in it is the batch, in
@@ -59,6 +59,7 @@ PROGRAM = "t2t-lite-translate-all"
 EVAL_DIR = "eval_bleu"
 RECORD = "scored.json"
 ITERATIONS = "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE"  # Adam's step: the update
+UPDATE = "update_step/.ATTRIBUTES/VARIABLE_VALUE"  # the update of an averaged checkpoint
 POLL_SECONDS = 10.0
 CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
 # Read by t2t-lite-decoder or t2t-lite-bleu only: this program decodes every checkpoint, with
@@ -94,6 +95,7 @@ class Record:
     self.path = os.path.join(eval_dir, RECORD)
     self.settings = settings
     self.scored: dict[str, dict] = {}
+    self.scored_against: dict = {}  # the problem, vocabulary and hparams (see Scorer)
     if not os.path.isfile(self.path):
       return
     try:
@@ -115,6 +117,7 @@ class Record:
     self.scored[name] = entry
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
     files.write_atomic(self.path, json.dumps({"settings": self.settings,
+                                              "scored_against": self.scored_against,
                                               "checkpoints": self.scored}, indent=2))
 
 
@@ -204,18 +207,21 @@ class Scorer:
     self.translate = decoder_cli.Translator(search, vocab, hparams.max_length, options)
     self.hparams = hparams
     self._checkpoint = tf.train.Checkpoint(model=model)
+    # what the curve decoded with, recorded beside it
+    self.scored_against = {"problem": problem.name, "data_dir": os.path.abspath(data_dir),
+                           "vocab_sha256": rundir.data_record_of(meta).get("vocab_sha256"),
+                           "hparams_set": meta.get("hparams_set"),
+                           "hparams": hparams.values()}
 
-  def update_of(self, path: str, micro_step: int) -> int:
-    """The update a checkpoint holds (Adam's step: skipped non-finite updates do not count);
-    for one without the optimizer (an average), N / accumulate steps (one replica and a
-    constant n assumed)."""
+  def update_of(self, path: str) -> int:
+    """The update a checkpoint records: Adam's step (skipped non-finite updates do not
+    count), or for an average, the update of the newest checkpoint averaged."""
     reader = self.tf.train.load_checkpoint(path)
-    if reader.has_tensor(ITERATIONS):
-      return int(reader.get_tensor(ITERATIONS))
-    hparams = self.hparams
-    steps = (max(1, hparams.effective_batch_tokens // hparams.batch_size)
-             if hparams.effective_batch_tokens else hparams.optimizer_multistep_accumulate_steps)
-    return micro_step // steps
+    for key in (ITERATIONS, UPDATE):
+      if reader.has_tensor(key):
+        return int(reader.get_tensor(key))
+    raise ValueError("it records no update (an average made by an older t2t-lite-avg-"
+                     "checkpoints: average again)")
 
   def restore(self, path: str) -> None:
     self._checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
@@ -232,7 +238,7 @@ class Curve:
     self.eval_dir = os.path.join(self.output_dir, EVAL_DIR)
     self.tf = self.scorer = self.writer = None
     self.seen: set[str] = set()  # reported in this process (skipped or warned about)
-    self.scored = self.skipped = 0
+    self.scored = self.skipped = self.failed = 0
 
   def _pending(self) -> list[tuple[int, str]]:
     """Unscored checkpoints that are complete: none newer than the one the trainer's
@@ -251,6 +257,7 @@ class Curve:
 
   def _warn(self, name: str, err: Exception) -> None:
     if name not in self.seen:
+      self.failed += 1
       reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
       logging.warning("%s vanished or is unreadable (%s); skipped", name, reason)
     self.seen.add(name)
@@ -263,10 +270,11 @@ class Curve:
       new += name not in self.seen
       if self.scorer is None:  # built for the first checkpoint (the run has started by then)
         self.scorer = Scorer(self.tf, self.output_dir, self.options)
+        self.record.scored_against = self.scorer.scored_against
       # Only reading the checkpoint is guarded: a file deleted or cut short surfaces as many
       # error types (NotFoundError, DataLossError, IndexError, ...).
       try:
-        update = self.scorer.update_of(path, micro_step)
+        update = self.scorer.update_of(path)
         if update >= FLAGS.min_steps:
           self.scorer.restore(path)
       except Exception as err:  # noqa: BLE001
@@ -328,6 +336,9 @@ def main() -> None:
   finally:
     curve.close()
   already = len(record.scored) - curve.scored
+  if not record.scored and curve.failed:
+    raise RunError(f"no checkpoint of {FLAGS.output_dir} could be scored ({curve.failed} "
+                   "unreadable; see the warnings above)")
   print(f"scored {curve.scored} checkpoint{'' if curve.scored == 1 else 's'} ({already} "
         f"scored before"
         f"{f', {curve.skipped} before --min_steps' if curve.skipped else ''}) -> "

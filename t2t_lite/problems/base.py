@@ -30,6 +30,22 @@ SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
+def _remove_stale_temporaries(data_dir: str) -> None:
+  """Staging and temporary files of a datagen that was killed (its process is gone)."""
+  import re
+  for name in os.listdir(data_dir):
+    found = re.search(r"\.(?:new|tmp)-(\d+)$", name)
+    if not found or int(found.group(1)) == os.getpid():
+      continue
+    try:
+      os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+      os.remove(os.path.join(data_dir, name))
+      logging.info("removed %s, left by a datagen that was stopped", name)
+    except PermissionError:
+      pass
+
+
 class RawSplit:
   """The sentence pairs of one split, streamed: each pass over it reads the raw data again.
 
@@ -167,15 +183,20 @@ class TranslateProblem(abc.ABC):
       return json.load(f)
 
   def data_files(self, data_dir: str, split: str) -> list[str]:
-    """The TFRecord shards of `split`, checked against the manifest."""
+    """The TFRecord shards of `split`, checked against the manifest (names and sizes)."""
     info = self.manifest(data_dir)["splits"].get(split)
     if info is None:
       raise UsageError(f"problem {self.name} has no '{split}' split in {data_dir}")
     files = [os.path.join(data_dir, name) for name in info["files"]]
-    for path in files:
+    sizes = info.get("bytes") or [None] * len(files)
+    for path, size in zip(files, sizes):
       if not os.path.isfile(path):
         raise UsageError(f"data file {path} listed in the manifest is missing; "
                          f"run t2t-lite-datagen --problem={self.name} again")
+      if size is not None and os.path.getsize(path) != size:
+        raise UsageError(f"data file {path} has {os.path.getsize(path)} bytes, the manifest "
+                         f"says {size}: it was changed after datagen; run t2t-lite-datagen "
+                         f"--problem={self.name} again")
     return files
 
   def get_vocab(self, data_dir: str) -> vocab_lib.SubwordVocab:
@@ -227,7 +248,31 @@ class TranslateProblem(abc.ABC):
       return False
     return True
 
-  def generate_data(self, data_dir: str, tmp_dir: str) -> dict:
+  def _refuse_other_data(self, data_dir: str, inputs: dict, overwrite: bool) -> None:
+    """A data directory holding this problem's data made from other inputs or settings is
+    not replaced unasked: runs trained on it would read the new data."""
+    try:
+      with open(self.manifest_file(data_dir)) as f:
+        old = json.load(f)
+    except (OSError, ValueError):
+      return  # no finished data here (none, or an interrupted datagen): nothing to keep
+    if overwrite:
+      return
+    differ = []
+    if old.get("inputs") != inputs:
+      differ.append("inputs")
+    old_settings = dict(old.get("settings") or {}, version=None)
+    new_settings = dict(self._settings(), version=None)
+    differ += sorted(f"{k} {old_settings.get(k)!r} -> {v!r}" for k, v in new_settings.items()
+                     if old_settings.get(k) != v)
+    if differ:
+      raise UsageError(
+          f"--data_dir={data_dir} holds {self.name} data made from other inputs or settings "
+          f"({'; '.join(differ)}), which runs may be using; write the new data to another "
+          "--data_dir, or pass --overwrite to replace it (runs that recorded its "
+          "vocabulary then refuse the new one)")
+
+  def generate_data(self, data_dir: str, tmp_dir: str, overwrite: bool = False) -> dict:
     """Runs datagen unless its outputs are already complete for the same inputs.
 
     Streams every split (memory holds a chunk, a bucket of the shuffle or the vocabulary
@@ -235,6 +280,12 @@ class TranslateProblem(abc.ABC):
     vocabulary sample and once more to encode it into shuffled shards; dev and test are
     then written in input order, which decoding and BLEU rely on. Returns the manifest, with
     "skipped": True when nothing had to be done.
+
+    The new files are written under staging names beside the old ones; only once all are
+    complete is the old manifest removed, the files renamed into place and the new manifest
+    written, so a killed datagen leaves the old data whole (or, killed among the renames, no
+    manifest: data that no run accepts). Data made from other inputs or settings is replaced
+    only with `overwrite`.
     """
     os.makedirs(data_dir, exist_ok=True)
     if not os.access(data_dir, os.W_OK):
@@ -244,6 +295,9 @@ class TranslateProblem(abc.ABC):
       manifest = self.manifest(data_dir)
       manifest["skipped"] = True
       return manifest
+    self._refuse_other_data(data_dir, inputs, overwrite)
+    _remove_stale_temporaries(data_dir)
+    staged = {}  # final path -> staging path
     raw = {split: self.read_raw(split, tmp_dir) for split in SPLITS}
     for split in ("dev", "test"):  # small: a bad line there stops datagen before the long part
       for _ in raw[split]:
@@ -258,28 +312,34 @@ class TranslateProblem(abc.ABC):
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
     del sample
-    write_atomic(self.vocab_file(data_dir), model_bytes)
-    vocab = self.get_vocab(data_dir)
+    stage = lambda path: staged.setdefault(path, f"{path}.new-{os.getpid()}")  # noqa: E731
+    write_atomic(stage(self.vocab_file(data_dir)), model_bytes)
+    vocab = vocab_lib.SubwordVocab(staged[self.vocab_file(data_dir)])
 
     splits = {}
     for split, data in raw.items():
       expected = data.kept
       if split == "train":
         files = self.shard_files(data_dir, split, self.num_train_shards)
-        written = shards_lib.write_shuffled(vocab, data, files, expected, self.datagen_seed)
+        written = shards_lib.write_shuffled(vocab, data, [stage(p) for p in files], expected,
+                                            self.datagen_seed)
       else:
         files = self.shard_files(data_dir, split, 1)
-        written = shards_lib.write_in_order(vocab, data, files[0])
+        written = shards_lib.write_in_order(vocab, data, stage(files[0]))
       if written != expected:
         raise RunError(f"the {split} split of {self.name} changed while datagen read it "
                        f"({expected} pairs, then {written}; {data.source}); run datagen again")
       splits[split] = {"read": data.read, "kept": data.kept, "dropped": data.dropped,
                        "source": data.source, "files": [os.path.basename(p) for p in files],
-                       "bytes": [os.path.getsize(p) for p in files]}
+                       "bytes": [os.path.getsize(staged[p]) for p in files]}
     manifest = {"problem": self.name, "inputs": inputs, "settings": self._settings(),
                 "vocab": {"file": os.path.basename(self.vocab_file(data_dir)),
                           "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
                 "splits": splits}
+    if os.path.exists(self.manifest_file(data_dir)):
+      os.remove(self.manifest_file(data_dir))  # the old data stops being valid here
+    for final, staging in staged.items():
+      os.replace(staging, final)
     write_atomic(self.manifest_file(data_dir),
                  json.dumps(manifest, indent=2, sort_keys=True).encode())
     manifest["skipped"] = False
