@@ -61,16 +61,26 @@ def _submit(slurm, log, data_dir, output_dir, *flags, wait=False):
   """sbatch of the repository's script on 2 tasks of this node, its GPU request overridden
   (this cluster has none); the job's id."""
   args = ["sbatch", "--parsable", "--gres=none", "--nodes=1", "--ntasks=2",
-          "--ntasks-per-node=2", f"--output={log}", "--time=10"]
-  if wait:
-    args.append("--wait")
-  args += [SCRIPT, data_dir, output_dir, *NO_EVAL_FLAGS,
-           f"--slurm_port_base={_port_pair()}", *flags]
-  result = subprocess.run(args, capture_output=True, text=True, env=slurm, timeout=300)
-  with open(log) if os.path.exists(log) else open(os.devnull) as f:
-    output = f.read()
-  assert result.returncode == 0, f"{result.stderr}\n{output[-3000:]}"
-  return result.stdout.strip().split(";")[0]
+          "--ntasks-per-node=2", f"--output={log}", "--time=10", SCRIPT, data_dir, output_dir,
+          *NO_EVAL_FLAGS, f"--slurm_port_base={_port_pair()}", *flags]
+  result = subprocess.run(args, capture_output=True, text=True, env=slurm, timeout=60)
+  assert result.returncode == 0, result.stderr
+  job = result.stdout.strip().split(";")[0]
+  if wait:  # as sbatch --wait, which polls only every few seconds
+    _wait_for(job)
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True,
+                           text=True).stdout
+    with open(log) as f:
+      assert "JobState=COMPLETED" in state or "Invalid job id" in state, f.read()[-3000:]
+  return job
+
+
+def _wait_for(job, timeout=240):
+  deadline = time.monotonic() + timeout
+  while subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
+                       text=True).stdout.strip():
+    assert time.monotonic() < deadline, f"job {job} did not end"
+    time.sleep(0.2)
 
 
 def _model_values(directory):
@@ -89,10 +99,7 @@ def test_sbatch_trains_stops_on_scancel_and_resumes_exactly(slurm, multi30k_data
     assert time.monotonic() < deadline, open(log).read()[-3000:] if os.path.exists(log) else ""
     time.sleep(0.2)
   subprocess.run(["scancel", "--signal=TERM", job], check=True)
-  while subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
-                       text=True).stdout.strip():
-    assert time.monotonic() < deadline, "the job did not end after scancel --signal=TERM"
-    time.sleep(0.2)
+  _wait_for(job)
   with open(log) as f:
     first = f.read()
   stopped = re.findall(r"trained (\d+) updates \((\d+) micro-steps\) in \S+: signal 15", first)
