@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job (make train): Multi30k English-German on the CPU, from raw text to sacreBLEU.
 # Usage: multi30k_ende.sh DATA_DIR RUN_DIR TRAIN_MINUTES
+# TRAIN_FLAGS: more trainer flags; EVAL_FLAGS replaces the evaluation flags
+# (EVAL_FLAGS=--local_eval_frequency=0 trains without evaluating).
 set -euo pipefail
 data_dir=${1:-data/multi30k_ende}
 run_dir=${2:-runs/multi30k_ende}
@@ -15,7 +17,8 @@ echo "== 3/5 train: transformer_multi30k_cpu for $minutes minutes -> $run_dir"
 t2t-lite-trainer --problem=translate_ende_multi30k --hparams_set=transformer_multi30k_cpu \
   --data_dir="$data_dir" --output_dir="$run_dir" --train_minutes="$minutes" \
   --train_steps=100000 --save_checkpoints_steps=30 --keep_checkpoint_max=6 --log_every=25 \
-  --local_eval_frequency=200 --eval_steps=0 --eval_bleu_sentences=200 ${TRAIN_FLAGS:-}
+  ${EVAL_FLAGS:---local_eval_frequency=200 --eval_steps=0 --eval_bleu_sentences=200} \
+  ${TRAIN_FLAGS:-}
 
 echo "== 4/5 average the last 6 checkpoints -> ${run_dir}_avg"
 t2t-lite-avg-checkpoints --output_dir="$run_dir" --num_last_checkpoints=6 --avg_dir="${run_dir}_avg"

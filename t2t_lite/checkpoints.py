@@ -72,7 +72,8 @@ class Checkpoints:
                      if re.fullmatch(r"ckpt-\d+\.index", name))
     if on_disk:
       logging.warning("%s has checkpoints but no readable checkpoint state file: trying "
-                      "them newest first (%s)", self.directory,
+                      "them newest first (%s); they stay on disk outside the rotation of "
+                      "--keep_checkpoint_max", self.directory,
                       ", ".join(name for _, name in reversed(on_disk[-3:])))
     return [os.path.join(self.directory, name) for _, name in reversed(on_disk)]
 

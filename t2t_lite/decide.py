@@ -29,7 +29,7 @@ TIME_BUDGET = "time budget reached"
 
 @dataclass(frozen=True)
 class Checkpointing:
-  save_steps: int = 1000          # every this many updates; 0 = only when the run stops
+  save_steps: int = 1000          # every this many updates; 0 = at stops (and evaluations)
   save_secs: float = 0.0          # also once this long after the last save; 0 = not
   keep_max: int = 20              # checkpoints kept; 0 = all
   keep_every_n_hours: float = 0.0  # of those rotated away, keep one per this many hours

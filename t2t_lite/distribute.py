@@ -152,6 +152,8 @@ def peer_failure(err: BaseException) -> str | None:
   if not isinstance(err, tf.errors.OpError):
     return None
   text = str(err)
+  if "Collective" not in text and "coordination service" not in text.lower():
+    return None  # this worker's own error (its data or disk, say), reported as such
   reported = re.search(r"Error reported from /job:(\w+)/(?:replica:\d+/)?task:(\d+): (.*)", text)
   unhealthy = re.search(r"stopped sending heartbeats\):\s*/job:(\w+)/replica:\d+/task:(\d+)",
                         text)

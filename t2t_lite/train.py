@@ -12,8 +12,9 @@ included, resumes to the same parameters as a run never stopped.
 All replicas share one training stream: micro-step m of replica r trains on micro-batch
 m x replicas + r of it. Between updates the state is therefore layout-free, and a run may
 resume on another layout with the same tokens per update (1 replica x n=8, 2 x n=4, 8 x 1):
-it continues the same stream, and ends where a run never moved would. Checkpoints are written every `save_checkpoints_steps` updates and at exit
-(end, time budget, Ctrl-C or SIGTERM). With more than one replica a stop waits for the end
+it continues the same stream, and ends where a run never moved would. Checkpoints are
+written every `save_checkpoints_steps` updates, before every evaluation and at exit (end,
+time budget, Ctrl-C or SIGTERM). With more than one replica a stop waits for the end
 of the update in progress, so that such a checkpoint holds no replica-local accumulators
 (they would be restored as their sum spread over the replicas of the new process).
 """
@@ -254,6 +255,9 @@ class Trainer:
     if self.is_chief:
       path = warm_start_source(source)
       if os.path.isdir(source):
+        if not os.path.basename(path).startswith("ckpt-"):
+          raise UsageError(f"--warm_start_from={source}: its newest checkpoint {path} is not "
+                           "a t2t-lite ckpt-N; on a cluster give the checkpoint prefix itself")
         number = float(checkpoint_number(path))
     number = int(self._from_chief([number])[0])
     return os.path.join(source, f"ckpt-{number}") if os.path.isdir(source) else source
@@ -337,18 +341,20 @@ class Trainer:
     early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
     actions = decide(progress, Agreed(early_stop=self._from_chief([float(early)])[0] > 0),
                      schedule)
-    agreement = _Agreement(learner, self._multi_worker)
+    agreement = _Agreement(learner, self._multi_worker, clock,
+                           lambda: self._stop_signal is not None)
     while actions.stop is None:
       completed = learner.run_update(self.next_batch, agreement.outgoing,
                                      self._after_micro_step)
       self._log_reduction()
       progress = progress.next(completed)
-      agreed = agreement.exchange(clock.flags(self._stop_signal is not None))
+      agreed = agreement.after_update()
       actions = decide(progress, agreed, schedule)
       if actions.read:
         progress = Progress(progress.tried, progress.seen, applied=self._read_window())
         actions = decide(progress, agreed, schedule)
       actions = self._follow(actions, progress, agreed, clock)
+      agreement.before_next_update()
     return self._finish(actions.stop, progress, clock)
 
   def _follow(self, actions, progress: Progress, agreed: Agreed, clock: _Clock):
@@ -505,17 +511,24 @@ class _Clock:
 
 
 class _Agreement:
-  """What every worker acts on. One process acts on its own flags at once. Several workers
-  send theirs in the next update's cross-replica sum and all act on that sum, read after
-  the update from each worker's own copy of it (no extra collective)."""
+  """What every worker acts on. One process acts on its own flags (see _Clock.flags) at
+  once. Several workers send theirs in the next update's cross-replica sum and all act on
+  that sum, read after the update from each worker's own copy of it (no extra collective).
+  A worker's flags are taken after it has done what the last update asked (a save, say), so
+  that it does not ask again for what was just done."""
 
-  def __init__(self, learner: Learner, multi_worker: bool):
-    self.learner, self.multi_worker = learner, multi_worker
+  def __init__(self, learner: Learner, multi_worker: bool, clock: _Clock, signalled):
+    self.learner, self.multi_worker, self.clock = learner, multi_worker, clock
+    self.signalled = signalled  # () -> whether this process got a stop signal
     self.outgoing = NO_FLAGS
 
-  def exchange(self, flags: tuple[float, float, float]) -> Agreed:
-    """The flags to act on after this update; `flags`, this process's, go out next."""
+  def after_update(self) -> Agreed:
+    """The flags to act on after this update."""
     if not self.multi_worker:
-      return Agreed(*(bool(flag) for flag in flags))
-    self.outgoing = flags
+      return Agreed(*(bool(flag) for flag in self.clock.flags(self.signalled())))
     return Agreed(*self.learner.read_agreed())
+
+  def before_next_update(self) -> None:
+    """Several workers: this process's flags, sent with the next update."""
+    if self.multi_worker:
+      self.outgoing = self.clock.flags(self.signalled())

@@ -79,7 +79,8 @@ def tiny_run(multi30k_data, tmp_path_factory) -> dict:
 
 
 # --- clusters of trainer processes on this machine ----------------------------------------
-def _free_ports(count):
+def free_ports(count):
+  """`count` free ports of 127.0.0.1."""
   import socket
   sockets = [socket.socket() for _ in range(count)]
   for s in sockets:
@@ -115,7 +116,7 @@ class Worker:
 
 def start_workers(flags, env_by_worker=None, count=2):
   """`count` trainer processes forming one cluster over TF_CONFIG on 127.0.0.1."""
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(count)]}
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(count)]}
   workers = []
   for index in range(count):
     env = dict(os.environ, TF_CONFIG=json.dumps(

@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, NO_EVAL_FLAGS, REPO, cli, finish, start_workers, wait
+from conftest import BIN, NO_EVAL_FLAGS, REPO, cli, finish, free_ports, start_workers, wait
 from t2t_lite import registry
 from t2t_lite.errors import UsageError
 from t2t_lite.steps import plan
@@ -30,16 +29,6 @@ def test_two_mirrored_replicas_equal_one_replica_with_double_batches():
   devices = sorted(figures["apply_ops"])
   assert [d.rsplit(":", 2)[-2:] for d in devices] == [["CPU", "0"], ["CPU", "1"]], figures
   assert set(figures["apply_ops"].values()) == {figures["variables"]}, figures
-
-
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 def _final_values(output_dir):
@@ -73,7 +62,7 @@ def two_worker_run(multi30k_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("two_workers")
   mirrored_dir, workers_dir = str(root / "mirrored"), str(root / "workers")
   flags = _flags(multi30k_data)
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
   processes = [_trainer(*flags, "--train_steps=3", "--strategy=mirrored", "--cpu_replicas=2",
                         f"--output_dir={mirrored_dir}")]
   for index in range(2):
@@ -109,7 +98,7 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
 
 
 def _two_workers(data_dir, output_dir, train_steps):
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
   processes = []
   for index in range(2):
     env = dict(os.environ, TF_CONFIG=json.dumps(

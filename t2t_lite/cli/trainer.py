@@ -28,7 +28,8 @@ common.define_count("eval_bleu_sentences", 500, "Dev sentences decoded for BLEU 
 common.define_count("eval_beam_size", 1, "Beam size of the BLEU evaluation (1: greedy).",
                     minimum=1)
 common.define_count("save_checkpoints_steps", 1000, "Save a checkpoint every this many updates "
-                    "(0: only when the run stops: end, time budget, Ctrl-C, SIGTERM).")
+                    "(0: only when the run stops: end, time budget, Ctrl-C, SIGTERM); every "
+                    "evaluation also saves its update first.")
 flags.DEFINE_float("save_checkpoints_secs", 0.0, "Also save a checkpoint once this many "
                    "seconds have passed since the last save (0: by --save_checkpoints_steps "
                    "only).", lower_bound=0.0)
@@ -86,7 +87,7 @@ def main() -> None:
   cluster = FLAGS.strategy == "multi_worker" and not FLAGS.dry_run
   try:
     resolved = _resolve()
-  except UsageError as err:
+  except Exception as err:
     if cluster:  # the other workers would wait for this one
       _join_and_report(err)
     raise
@@ -98,7 +99,7 @@ def main() -> None:
     _train(*resolved)
 
 
-def _join_and_report(err: UsageError) -> None:
+def _join_and_report(err: Exception) -> None:
   """A worker that fails before joining its cluster joins it to say why, so that the others
   stop at once instead of waiting for it."""
   try:

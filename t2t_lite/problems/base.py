@@ -312,6 +312,18 @@ class TranslateProblem(abc.ABC):
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
     del sample
+    try:
+      return self._write_staged(data_dir, inputs, raw, model_bytes, staged)
+    except BaseException:  # a failed datagen leaves the old data as it was, and no staging
+      for path in staged.values():
+        if os.path.exists(path):
+          os.remove(path)
+      raise
+
+  def _write_staged(self, data_dir: str, inputs: dict, raw: dict, model_bytes: bytes,
+                    staged: dict) -> dict:
+    """Writes the vocabulary and shards under staging names (recorded in `staged`), then
+    puts them in place, the manifest last (see generate_data)."""
     stage = lambda path: staged.setdefault(path, f"{path}.new-{os.getpid()}")  # noqa: E731
     write_atomic(stage(self.vocab_file(data_dir)), model_bytes)
     vocab = vocab_lib.SubwordVocab(staged[self.vocab_file(data_dir)])
