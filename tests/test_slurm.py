@@ -102,8 +102,12 @@ def test_sbatch_trains_stops_on_scancel_and_resumes_exactly(slurm, multi30k_data
   _wait_for(job)
   with open(log) as f:
     first = f.read()
-  stopped = re.findall(r"trained (\d+) updates \((\d+) micro-steps\) in \S+: signal 15", first)
-  assert len(stopped) == 2 and stopped[0] == stopped[1], first[-3000:]  # both tasks, together
+  # both tasks stop at the same update (a task whose SIGTERM came a moment after the other's
+  # may already be stopping on the other's)
+  stopped = re.findall(r"trained (\d+) updates \((\d+) micro-steps\) in \S+: (signal 15|a "
+                       r"stop signal on another worker)", first)
+  assert len(stopped) == 2 and stopped[0][:2] == stopped[1][:2], first[-3000:]
+  assert "signal 15" in {reason for _, _, reason in stopped}
   updates = int(stopped[0][0])
   assert 2 <= updates < 100000
   assert "Traceback" not in first
