@@ -6,6 +6,7 @@
             and before the checkpoint state names them (the worst moment of a save);
   signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point);
   nospace:K this process's K-th checkpoint save fails as on a full disk (OSError ENOSPC);
+  raise:K   after micro-step K, raise a RuntimeError (a failure outside the compiled steps);
   nan:K,L,...  poison the loss of micro-steps K, L, ... (1-based) with NaN, so the
             non-finite guard and the loss scale can be tested on real runs;
   export:written  SIGKILL once an export is complete in its temporary directory, just
@@ -60,6 +61,8 @@ class InjectedFault(NoFaults):
       os.kill(os.getpid(), signal.SIGKILL)
     if micro_step == self.at and self.kind == "signal":
       request_stop(signal.SIGTERM)
+    if micro_step == self.at and self.kind == "raise":
+      raise RuntimeError(f"injected failure after micro-step {micro_step}")
 
   def save(self, manager, checkpoint, number: int) -> str:
     self._saves += 1
@@ -85,7 +88,7 @@ def from_environment() -> NoFaults:
   kind, _, at = spec.partition(":")
   if kind == "nan" and at and all(step.isdigit() for step in at.split(",")):
     return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
-  if kind not in ("micro", "save", "signal", "nospace") or not at.isdigit():
+  if kind not in ("micro", "save", "signal", "nospace", "raise") or not at.isdigit():
     raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nospace:K, "
-                     "nan:K,L,... or export:written")
+                     "raise:K, nan:K,L,... or export:written")
   return InjectedFault(kind, int(at))

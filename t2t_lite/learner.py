@@ -133,6 +133,7 @@ class Learner:
     # host mirrors of in_update, update_step and micro_step
     self._position = self._updates_done = self._micro_step = None
     self._attempts = 0
+    self.in_step = False  # inside a compiled micro-step or update (see step)
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
       self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
@@ -402,16 +403,19 @@ class Learner:
     completed an update, else None. `flags` (see FLAGS_SPEC) of this process are summed over
     all replicas in the update (see read_agreed)."""
     steps = self.accumulate_steps()
+    self.in_step = True  # stays True if a compiled step raises: its state may be half-written
     if steps == 1 and self._position == 0:
       stats = self.fused_step_fn(batch, tf.constant(flags, tf.float32))
     else:
       self.micro_step_fn(batch)
       self._position += 1
       if self._position < steps:
+        self.in_step = False
         return None
       stats = self.update_fn(tf.constant(flags, tf.float32))
       self._position = 0
     self._attempts += 1
+    self.in_step = False
     return stats
 
   def read_window(self) -> dict:

@@ -322,6 +322,17 @@ class Trainer:
       signal.signal(s, self._on_signal)
     try:
       return self._loop()
+    except (RunError, UsageError, OSError):
+      raise  # a diverging run keeps its last good checkpoint; a full disk would fail again
+    except Exception as err:
+      # Save what is consistent: not from inside a compiled step (its state may be half
+      # written), and not with several workers (a save is a collective they are not in).
+      if self._multi_worker or self.learner.in_step:
+        raise
+      path = self.save()
+      cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+      raise RunError(f"{type(err).__name__}{': ' + cause if cause else ''}; the run was saved "
+                     f"first ({path}): fix the cause and rerun to resume") from err
     finally:
       for s, handler in previous.items():
         signal.signal(s, handler)

@@ -62,6 +62,13 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, t
   assert _kill_when(_start(broken, multi30k_data), "update 4/6") == -signal.SIGKILL
   # 4: while restoring, at start-up
   assert _kill_when(_start(broken, multi30k_data), "resumed from") == -signal.SIGKILL
+  # 5: a failure outside the compiled steps, mid-update: saved first, one line, exit 1
+  failed = _start(broken, multi30k_data, fault="raise:22")
+  _, err = failed.communicate(timeout=120)
+  assert failed.returncode == 1, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("t2t-lite-trainer: error: RuntimeError: injected failure after "
+                         "micro-step 22; the run was saved first (") and "ckpt-22)" in last, last
   final = _start(broken, multi30k_data)
   _, err = final.communicate(timeout=180)
   assert final.returncode == 0, err[-3000:]
@@ -73,7 +80,7 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, t
   assert expected.keys() == got.keys()
   worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
   assert worst <= 1e-6, worst
-  assert time.time() - start < 150
+  assert time.time() - start < 170
 
 
 def test_nonfinite_update_is_skipped_and_counted(multi30k_data, tmp_path):
