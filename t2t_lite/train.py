@@ -196,14 +196,11 @@ class Trainer:
           f"it on its own layout with --train_steps={update + 1} to reach the end of that "
           "update, then move")
     if old_replicas * old_steps != plan.replicas * steps and not self.options.allow_hparams_change:
-      wanted = old_replicas * old_steps / plan.replicas
-      hint = (f"optimizer_multistep_accumulate_steps={int(wanted)}" if wanted == int(wanted)
-              else f"a replica count that divides {old_replicas * old_steps}")
       raise UsageError(
           f"resuming {path} on {layouts} changes the tokens per update from "
           f"{old_replicas * old_steps * plan.batch_size} to "
-          f"{plan.replicas * steps * plan.batch_size}; use {hint} (or set "
-          "effective_batch_tokens), or pass --allow_hparams_change to accept the change")
+          f"{plan.replicas * steps * plan.batch_size}; "
+          f"{self._layout_hint(old_replicas, old_steps, update)}")
     batches = int(learner.micro_step.numpy()) * old_replicas
     if batches % plan.replicas:
       raise UsageError(f"checkpoint {path} is at micro-batch {batches} of the training "
@@ -215,6 +212,28 @@ class Trainer:
     logging.info("resumed on another layout: %s (%d tokens per update), at micro-batch %d "
                  "of the training stream", layouts, plan.replicas * steps * plan.batch_size,
                  batches)
+
+  def _layout_hint(self, old_replicas: int, old_steps: int, update: int) -> str:
+    """How to keep the tokens per update on this replica count."""
+    replicas, schedule = self.plan.replicas, self.learner.schedule
+    if not schedule.explicit:
+      wanted = old_replicas * old_steps / replicas
+      hint = (f"optimizer_multistep_accumulate_steps={int(wanted)}" if wanted == int(wanted)
+              else f"a replica count that divides {old_replicas * old_steps}")
+      return (f"use {hint} (or set effective_batch_tokens), or pass --allow_hparams_change "
+              "to accept the change")
+    # A schedule: its phases from the update in progress on, scaled to the new replicas
+    # (the phases before it are done and stay as they were).
+    current = [i for i, (_, after) in enumerate(schedule.phases) if after <= update][-1]
+    scaled = [(n, after) if i < current else (n * old_replicas / replicas, after)
+              for i, (n, after) in enumerate(schedule.phases)]
+    if any(n != int(n) or n < 1 for n, _ in scaled[current:]):
+      return (f"use a replica count that divides every n from update {update + 1} on, or "
+              "pass --allow_hparams_change to accept the change")
+    text = ";".join(f"{int(n)}@{after}" for n, after in scaled)
+    return (f"pass --hparams=optimizer_multistep_accumulate_schedule={text} (the schedule's "
+            "n from here on scaled to the new replicas) with --allow_hparams_change, or "
+            "pass --allow_hparams_change alone to accept the change")
 
   def restore(self) -> bool:
     """Restores the newest usable checkpoint (see t2t_lite.checkpoints); a new run with

@@ -2,6 +2,7 @@
 on another layout with the same tokens per update, through the real trainer CLI."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -144,3 +145,23 @@ def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tm
 def _files(directory):
   return {name: open(os.path.join(directory, name), "rb").read()
           for name in os.listdir(directory) if os.path.isfile(os.path.join(directory, name))}
+
+
+def test_a_scheduled_run_moved_to_more_replicas_is_told_a_schedule_it_can_use(
+    scheduled_run, multi30k_data, tmp_path):
+  """The hint for another layout scales the schedule's phases from the update in progress
+  on (a run with a schedule refuses optimizer_multistep_accumulate_steps); followed, it
+  resumes on 2 replicas with the tokens per update of 1 replica x n=2."""
+  moved = str(tmp_path / "moved")
+  shutil.copytree(scheduled_run["output_dir"], moved)
+  mirrored = ["--strategy=mirrored", "--cpu_replicas=2"]
+  refused = _train(multi30k_data, moved, SCHEDULE, *mirrored, "--train_steps=5", check=False)
+  hint = "--hparams=optimizer_multistep_accumulate_schedule=1@0;1@2"
+  _ends_in_usage_error(refused, f"changes the tokens per update from 1024 to 2048; pass {hint} "
+                       "(the schedule's n from here on scaled to the new replicas) with "
+                       "--allow_hparams_change")
+  result = _train(multi30k_data, moved, hint, "--allow_hparams_change", *mirrored,
+                  "--train_steps=5")
+  assert ("resumed on another layout: from 1 replica x 2 micro-steps per update to 2 "
+          "replicas x 1 micro-step per update (1024 tokens per update)") in result.stderr, \
+      result.stderr[-3000:]
