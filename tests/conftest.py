@@ -114,8 +114,9 @@ class Worker:
     return [line for line in self.err.splitlines() if line.strip()]
 
 
-def start_workers(flags, env_by_worker=None, count=2):
-  """`count` trainer processes forming one cluster over TF_CONFIG on 127.0.0.1."""
+def start_workers(flags, env_by_worker=None, count=2, flags_by_worker=None):
+  """`count` trainer processes forming one cluster over TF_CONFIG on 127.0.0.1
+  (`flags_by_worker`: more flags of some)."""
   cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(count)]}
   workers = []
   for index in range(count):
@@ -124,7 +125,7 @@ def start_workers(flags, env_by_worker=None, count=2):
     env.pop("T2T_LITE_FAULT", None)
     env.update((env_by_worker or {}).get(index, {}))
     workers.append(Worker([os.path.join(BIN, "t2t-lite-trainer"), "--strategy=multi_worker",
-                           *flags], env))
+                           *flags, *(flags_by_worker or {}).get(index, [])], env))
   return workers
 
 

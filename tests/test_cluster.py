@@ -76,14 +76,17 @@ def _corrupt_best(output_dir):
   return "best.json is unreadable"
 
 
-@pytest.mark.parametrize("case", ["best_json", "warm_start", "disk_full"])
+@pytest.mark.parametrize("case", ["before_joining", "best_json", "warm_start", "disk_full"])
 def test_an_error_on_one_worker_stops_every_worker_with_one_line(tiny_run, tmp_path, case):
   """The worker that fails says why (exit 2 for a usage error, 1 for a failed run); the
   other says which worker stopped it and why (exit 1); no traceback, no hang."""
   output_dir = str(tmp_path / "run")
   flags = flags_for(tiny_run["data_dir"], output_dir, "--train_steps=4")
-  env, failing, code = {}, 0, 2
-  if case == "best_json":  # read by the chief alone, for evaluation
+  env, failing, code, more = {}, 0, 2, {}
+  if case == "before_joining":  # a flag of worker 1 alone, refused before TensorFlow starts
+    failing, more = 1, {1: ["--local_eval_frequency=0", "--eval_beam_size=4"]}
+    cause = "is read only with evaluations (--local_eval_frequency > 0)"
+  elif case == "best_json":  # read by the chief alone, for evaluation
     cause = _corrupt_best(output_dir)
   elif case == "warm_start":  # resolved by the chief alone
     flags.append(f"--warm_start_from={tmp_path / 'no_such_run'}")
@@ -91,7 +94,7 @@ def test_an_error_on_one_worker_stops_every_worker_with_one_line(tiny_run, tmp_p
   else:  # a full disk at worker 1's first save
     env, failing, code = {1: {"T2T_LITE_FAULT": "nospace:1"}}, 1, 1
     cause = "No space left on device"
-  workers = wait(start_workers(flags, env))
+  workers = wait(start_workers(flags, env, flags_by_worker=more))
   for index, worker in enumerate(workers):
     assert "Traceback" not in worker.err, worker.err[-3000:]
     last = worker.lines[-1]

@@ -7,7 +7,7 @@ import os
 from absl import flags
 
 from t2t_lite.cli import common
-from t2t_lite.errors import UsageError
+from t2t_lite.errors import RunError, UsageError
 
 flags.DEFINE_string("problem", "translate_ende_multi30k", "Registered problem.")
 flags.DEFINE_string("model", None, "Registered model (default: the hparams' model, "
@@ -88,9 +88,11 @@ def main() -> None:
   try:
     resolved = _resolve()
   except Exception as err:
-    if cluster:  # the other workers would wait for this one
-      _join_and_report(err)
-    raise
+    task = _join_and_report(err) if cluster else None  # the others would wait for this one
+    if task is None:
+      raise
+    line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    raise (UsageError if isinstance(err, UsageError) else RunError)(f"{task}: {line}") from err
   if not cluster:
     _train(*resolved)
     return
@@ -99,16 +101,17 @@ def main() -> None:
     _train(*resolved)
 
 
-def _join_and_report(err: Exception) -> None:
+def _join_and_report(err: Exception) -> str | None:
   """A worker that fails before joining its cluster joins it to say why, so that the others
-  stop at once instead of waiting for it."""
+  stop at once instead of waiting for it. Its task name, or None if it could not join."""
   try:
     common.import_tensorflow(before_devices=_resolve_cluster)
     from t2t_lite import distribute
     _, _, task = distribute.make_strategy("multi_worker", 1, FLAGS.slurm_port_base)
     distribute.report_failure(task, err)
+    return task
   except Exception:  # noqa: BLE001  (no cluster to tell: the error itself is what matters)
-    pass
+    return None
 
 
 def _resolve():
