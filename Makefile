@@ -23,6 +23,7 @@ install: $(STAMP)
 # Two processes, whole files each (module fixtures are built once); TEST_JOBS=0 runs serially.
 TEST_JOBS ?= 2
 test: $(STAMP)
+	if [ "$$(id -u)" = 0 ]; then bash data_scripts/slurm_local_up.sh; fi
 	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 train: $(STAMP)

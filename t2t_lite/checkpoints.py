@@ -183,6 +183,17 @@ class Checkpoints:
     return path
 
 
+def recorded_update(path: str) -> int | None:
+  """The update a checkpoint records: Adam's step (skipped non-finite updates do not count),
+  or for an average the update of the newest checkpoint averaged; None if it records none."""
+  reader = tf.train.load_checkpoint(path)
+  for key in ("optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE",
+              "update_step/.ATTRIBUTES/VARIABLE_VALUE"):
+    if reader.has_tensor(key):
+      return int(reader.get_tensor(key))
+  return None
+
+
 def warm_start_source(source: str) -> str:
   """A checkpoint prefix: `source` itself, or the newest checkpoint of a run directory."""
   if os.path.isdir(source):

@@ -126,10 +126,10 @@ def check_data(meta: dict | None, problem, data_dir: str, what: str,
   if same_problem and recorded["problem"] != problem.name:
     raise UsageError(f"{what} was trained on problem {recorded['problem']}, not "
                      f"{problem.name}; pass --problem={recorded['problem']} (or none)")
-  current = {"vocab_sha256": _vocab_sha256(problem, data_dir)}
-  if current["vocab_sha256"] != recorded["vocab_sha256"]:
+  current = _vocab_sha256(problem, data_dir)
+  if current != recorded["vocab_sha256"]:
     raise UsageError(
         f"{what} was trained with another vocabulary (sha256 {recorded['vocab_sha256'][:12]}, "
         f"from {meta.get('data_dir', '?')}) than the one in {data_dir} (sha256 "
-        f"{current['vocab_sha256'][:12]}); give the --data_dir it was trained on, or "
+        f"{current[:12]}); give the --data_dir it was trained on, or "
         "prepare that data again")

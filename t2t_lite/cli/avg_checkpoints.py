@@ -94,14 +94,13 @@ def _mean_of_newest(tf, model, output_dir: str, num_last: int) -> list[str]:
                  "read; try again, or average a copy of the run")
 
 
-def _update_of(tf, path: str) -> int:
-  reader = tf.train.load_checkpoint(path)
-  for key in ("optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE",
-              "update_step/.ATTRIBUTES/VARIABLE_VALUE"):
-    if reader.has_tensor(key):
-      return int(reader.get_tensor(key))
-  raise UsageError(f"checkpoint {path} records no update (Adam's step); average the "
-                   "checkpoints of a training run")
+def _update_of(path: str) -> int:
+  from t2t_lite.checkpoints import recorded_update
+  update = recorded_update(path)
+  if update is None:
+    raise UsageError(f"checkpoint {path} records no update (Adam's step); average the "
+                     "checkpoints of a training run")
+  return update
 
 
 def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str]]:
@@ -115,7 +114,7 @@ def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str
   # An earlier average is swapped out (or moved aside) only once the new one is complete.
   # The update of the newest checkpoint averaged, kept in the average (translate-all plots
   # it there); its micro-batch count N would be a wrong update with replicas or accumulation.
-  update = tf.Variable(_update_of(tf, paths[-1]), dtype=tf.int64)
+  update = tf.Variable(_update_of(paths[-1]), dtype=tf.int64)
   with files.atomic_directory(os.path.realpath(avg_dir)) as tmp:
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, update_step=update),
                                          tmp, max_to_keep=1)

@@ -88,11 +88,10 @@ def main() -> None:
   try:
     resolved = _resolve()
   except Exception as err:
-    task = _join_and_report(err) if cluster else None  # the others would wait for this one
-    if task is None:
+    reported = _join_and_report(err) if cluster else None  # the others would wait for it
+    if reported is None:
       raise
-    line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    raise (UsageError if isinstance(err, UsageError) else RunError)(f"{task}: {line}") from err
+    raise (UsageError if isinstance(err, UsageError) else RunError)(reported) from err
   if not cluster:
     _train(*resolved)
     return
@@ -103,13 +102,13 @@ def main() -> None:
 
 def _join_and_report(err: Exception) -> str | None:
   """A worker that fails before joining its cluster joins it to say why, so that the others
-  stop at once instead of waiting for it. Its task name, or None if it could not join."""
+  stop at once instead of waiting for it. The message reported, or None if it could not
+  join."""
   try:
     common.import_tensorflow(before_devices=_resolve_cluster)
     from t2t_lite import distribute
     _, _, task = distribute.make_strategy("multi_worker", 1, FLAGS.slurm_port_base)
-    distribute.report_failure(task, err)
-    return task
+    return distribute.report_failure(task, err)
   except Exception:  # noqa: BLE001  (no cluster to tell: the error itself is what matters)
     return None
 
@@ -136,12 +135,11 @@ def _resolve():
       FLAGS.warm_start_from).startswith(os.path.realpath(FLAGS.output_dir) + os.sep):
     raise UsageError(f"--warm_start_from={FLAGS.warm_start_from} lies inside --output_dir; "
                      "warm start reads another run")
-  recorded = rundir.read_meta(FLAGS.output_dir) if FLAGS.output_dir else None
-  problem = registry.problem(_from_run(recorded, "problem", "problem"))
   model_override = f"model={FLAGS.model}" if FLAGS.model else ""
   hparams, previous, hparams_set = rundir.resolve(
       FLAGS.hparams_set, ",".join(filter(None, [model_override, FLAGS.hparams])),
       FLAGS.output_dir, FLAGS.allow_hparams_change)
+  problem = registry.problem(_from_run(previous, "problem", "problem"))
   if FLAGS.model and hparams.model != FLAGS.model:
     raise UsageError(f"--model={FLAGS.model} and --hparams model={hparams.model} disagree; "
                      "give the model once")
@@ -149,7 +147,7 @@ def _resolve():
   data_dir = FLAGS.data_dir or (previous or {}).get("data_dir")
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
-  seed = _from_run(recorded, "random_seed", "random_seed")
+  seed = _from_run(previous, "random_seed", "random_seed")
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
     rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
     if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem

@@ -58,8 +58,6 @@ FLAGS = flags.FLAGS
 PROGRAM = "t2t-lite-translate-all"
 EVAL_DIR = "eval_bleu"
 RECORD = "scored.json"
-ITERATIONS = "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE"  # Adam's step: the update
-UPDATE = "update_step/.ATTRIBUTES/VARIABLE_VALUE"  # the update of an averaged checkpoint
 POLL_SECONDS = 10.0
 CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
 # Read by t2t-lite-decoder or t2t-lite-bleu only: this program decodes every checkpoint, with
@@ -216,10 +214,10 @@ class Scorer:
   def update_of(self, path: str) -> int:
     """The update a checkpoint records: Adam's step (skipped non-finite updates do not
     count), or for an average, the update of the newest checkpoint averaged."""
-    reader = self.tf.train.load_checkpoint(path)
-    for key in (ITERATIONS, UPDATE):
-      if reader.has_tensor(key):
-        return int(reader.get_tensor(key))
+    from t2t_lite.checkpoints import recorded_update
+    update = recorded_update(path)
+    if update is not None:
+      return update
     raise ValueError("it records no update (an average made by an older t2t-lite-avg-"
                      "checkpoints: average again)")
 
