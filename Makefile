@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Two processes, whole files each (module fixtures are built once); TEST_JOBS=0 runs serially.
+# The linter, then the tests in two processes, whole files each (module fixtures are built
+# once); TEST_JOBS=0 runs them serially.
 TEST_JOBS ?= 2
 test: $(STAMP)
+	$(BIN)/ruff check --no-cache .
 	if [ "$$(id -u)" = 0 ]; then bash data_scripts/slurm_local_up.sh; fi
 	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
@@ -31,7 +33,7 @@ train: $(STAMP)
 	  bash data_scripts/multi30k_ende.sh "$(DATA_DIR)" "$(RUN_DIR)" "$(TRAIN_MINUTES)"
 
 bench: $(STAMP)
-	$(BIN)/python -m t2t_lite.bench --out_dir bench_out
+	$(BIN)/python -m benchmarks.run --out_dir bench_out --data_dir="$(DATA_DIR)"
 
 # Training speed and peak RSS against fairseq on the same pieces, model and batch size.
 # fairseq is not a dependency: FAIRSEQ_BIN is the bin/ folder of an environment that has it
@@ -44,7 +46,7 @@ FAIRSEQ_ISA ?= native
 bench-fairseq: $(STAMP)
 	@test -n "$(FAIRSEQ_BIN)" || { echo "make bench-fairseq: set FAIRSEQ_BIN=DIR/bin, an environment with fairseq (data_scripts/fairseq_env.sh DIR makes one)" >&2; exit 2; }
 	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" bash data_scripts/multi30k_data.sh "$(DATA_DIR)"
-	$(BIN)/python -m t2t_lite.bench_fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
+	$(BIN)/python -m benchmarks.fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
 	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS) --isa=$(FAIRSEQ_ISA)
 
 clean:

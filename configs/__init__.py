@@ -1,3 +1,4 @@
-"""Registered hparams sets, one file per model family. Importing this package registers them."""
+"""Registered hparams sets, one file per model family. Importing this package (installed as
+`t2t_lite.configs`) registers them."""
 
-from configs import transformer  # noqa: F401
+from . import transformer  # noqa: F401

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Python environment with fairseq 0.12.2 (its last release) and PyTorch, for
-# `make bench-fairseq` (t2t_lite/bench_fairseq.py). fairseq is not a dependency of t2t-lite.
+# `make bench-fairseq` (benchmarks/fairseq.py). fairseq is not a dependency of t2t-lite.
 # Usage: fairseq_env.sh DIR     then: make bench-fairseq FAIRSEQ_BIN=DIR/bin
 #
 # fairseq 0.12.2 does not install on Python 3.11 as published. This script:

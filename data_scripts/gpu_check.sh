@@ -21,14 +21,14 @@ for mp in false true; do
     # 128 sentences x 32 tokens = 4096 tokens per micro-step, transformer_base's batch_size
     spec="{\"kind\": \"train\", \"hparams_set\": \"$set_name\", \"hparams\": \"mixed_precision=$mp\", \"rows\": 128, \"length\": 32, \"vocab\": $vocab, \"n\": $n, \"warmup_micro_steps\": $((2 * n)), \"micro_steps\": 64}"
     echo "$set_name mixed_precision=$mp n=$n: "
-    timeout 100 "$py" -m t2t_lite.bench --worker "$spec" | tail -n 1 | tee -a "$out/train.jsonl"
+    timeout 100 "$py" -m benchmarks.training --worker "$spec" | tail -n 1 | tee -a "$out/train.jsonl"
   done
 done
 # --xla_compile: the forward and backward pass compiled by XLA (one shape here; a real run
 # compiles once per length bucket), mixed precision, n=1
 spec="{\"kind\": \"train\", \"hparams_set\": \"$set_name\", \"hparams\": \"mixed_precision=true\", \"rows\": 128, \"length\": 32, \"vocab\": $vocab, \"n\": 1, \"warmup_micro_steps\": 3, \"micro_steps\": 64, \"xla_compile\": true}"
 echo "$set_name mixed_precision=true n=1 --xla_compile: "
-timeout 150 "$py" -m t2t_lite.bench --worker "$spec" | tail -n 1 | tee "$out/xla.json"
+timeout 150 "$py" -m benchmarks.training --worker "$spec" | tail -n 1 | tee "$out/xla.json"
 timeout 150 "$py" -m pytest -p no:cacheprovider tests/test_multistep.py \
   tests/test_mixed_precision.py 2>&1 | tail -n 3 | tee "$out/tests.txt"
 "$py" - "$out/train.jsonl" "$out/xla.json" <<'PY' | tee "$out/summary.txt"

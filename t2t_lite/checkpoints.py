@@ -1,10 +1,11 @@
 """Checkpoints of a training run: save, restore the newest readable one, agree across workers.
 
-Checkpoints are named `ckpt-<N>`, N the micro-batches trained on (of all replicas). A damaged one (a file cut short, say) is reported
-and the previous one used. Under MultiWorkerMirroredStrategy every worker keeps its own
-checkpoints; after restoring, the workers compare their checkpoints in one collective and,
-if they differ (one worker's newest checkpoint was lost), all fall back to the newest
-checkpoint every worker has, or all stop with one error naming the directories.
+Checkpoints are named `ckpt-<N>`, N the micro-batches trained on (of all replicas). A damaged
+one (a file cut short, say) is reported and the previous one used. Under
+MultiWorkerMirroredStrategy every worker keeps its own checkpoints; after restoring, the
+workers compare their checkpoints in one collective and, if they differ (one worker's newest
+checkpoint was lost), all fall back to the newest checkpoint every worker has, or all stop
+with one error naming the directories.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class Checkpoints:
     return [os.path.join(self.directory, name) for _, name in reversed(on_disk)]
 
   def _restore_newest(self, at_most: int | None = None):
-    """(number of the checkpoint restored, or NOTHING / FAILED; its path; the error to raise if FAILED)."""
+    """(number of the checkpoint restored, or NOTHING / FAILED; its path; the error to raise
+    if FAILED)."""
     candidates = [p for p in self._candidates()
                   if at_most is None or checkpoint_number(p) <= at_most]
     for index, path in enumerate(candidates):

@@ -340,16 +340,17 @@ class Decoder:
       return rows
     return [r[:self.max_length - 1] + [EOS_ID] if len(r) > self.max_length else r for r in rows]
 
-  def score(self, sources, targets, batch_tokens: int = 0) -> list[float]:
+  def score(self, sources, targets, batch_size: int = 0, batch_tokens: int = 0
+            ) -> list[float]:
     """Forced decoding: log p(target | source), summed over the target's tokens, its EOS
     included (no length penalty, no label smoothing), for each pair of id lists ending in
-    EOS, in order. Sources are truncated as for translation; batches by source tokens."""
+    EOS, in order. Sources are truncated as for translation; batches: `batches`."""
     if "score" not in self._compiled:
       spec = tf.TensorSpec([None, None], tf.int32)
       self._compiled["score"] = tf.function(self._score_batch, autograph=False,
                                             input_signature=[spec, spec])
     results = [0.0] * len(sources)
-    for chunk in self.batches(sources, 0, batch_tokens):
+    for chunk in self.batches(sources, batch_size, batch_tokens):
       rows = self._truncated([list(sources[i]) for i in chunk])
       wanted = [list(targets[i]) for i in chunk]
       padded = [tf.constant([r + [0] * (max(map(len, group)) - len(r)) for r in group],

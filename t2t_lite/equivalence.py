@@ -1,6 +1,6 @@
 """Ragged micro-batches and the comparison the accumulation contract is judged by.
 
-Shared by the tests and `make bench`: n micro-batches of different shapes and token counts,
+What a check of the contract needs: n micro-batches of different shapes and token counts,
 the one batch that holds the same sentences, and the relative parameter difference
 max |a - b| / max |b| between two learners.
 """

@@ -23,12 +23,12 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite import data as data_lib
+from t2t_lite import formats
 from t2t_lite.decide import Evaluation, Stopping
 from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
+from t2t_lite.formats import BEST_FILE
 
-
-BEST_FILE = "best.json"
 METRICS = ("dev_loss", "dev_bleu")  # what early stopping may watch
 LOWER_IS_BETTER = {"dev_loss": True, "dev_bleu": False}
 
@@ -67,17 +67,16 @@ class Evaluator:
     return loss / max(tokens, 1.0)
 
   def dev_bleu(self) -> float:
-    from t2t_lite import decode, metrics
+    from t2t_lite import inference, metrics
     if self._bleu_inputs is None:  # read once; the compiled search is reused too
       pairs = list(data_lib.text_examples(self.dev_files)
                    .take(self.options.bleu_sentences).as_numpy_iterator())
+      options = inference.DecodeOptions(beam_size=self.options.beam_size)
+      run = inference.RunModel(self.learner.model, self.vocab, self.hparams, None, None, "")
       self._bleu_inputs = ([list(ids) for ids, _ in pairs],
-                           [ref.decode("utf-8") for _, ref in pairs],
-                           decode.Decoder(self.learner.model, self.hparams.max_length))
-    sources, references, decoder = self._bleu_inputs
-    hyps = decoder.translate_ids(sources, beam_size=self.options.beam_size, alpha=0.6, batch_size=64)
-    return metrics.bleu([self.vocab.decode(h) for h in hyps], references,
-                        self.target_lang).score
+                           [ref.decode("utf-8") for _, ref in pairs], run.translator(options))
+    sources, references, translate = self._bleu_inputs
+    return metrics.bleu(translate.best(sources), references, self.target_lang).score
 
   def evaluate(self, update: int) -> dict:
     start = time.time()
@@ -104,7 +103,8 @@ class Evaluator:
     best = self.best
     if best is not None and not self._better(value, best["value"]):
       return
-    significant = best is None or self._better(value, best["value"], self.stopping.early_stopping_delta)
+    significant = best is None or self._better(value, best["value"],
+                                               self.stopping.early_stopping_delta)
     self.best = {"metric": self.metric, "value": value, "update": update,
                  "improved_at": update if significant else best["improved_at"]}
     self._save_best(update)
@@ -117,7 +117,8 @@ class Evaluator:
     if since < self.stopping.early_stopping_steps:
       return None
     return (f"early stopping: {self.metric} has not improved by more than "
-            f"{self.stopping.early_stopping_delta:g} for {since} updates (best {self.best['value']:.4f} "
+            f"{self.stopping.early_stopping_delta:g} for {since} updates "
+            f"(best {self.best['value']:.4f} "
             f"at update {self.best['update']}, kept in {os.path.join(self.output_dir, 'best')})")
 
   def flush(self) -> None:
@@ -129,14 +130,8 @@ class Evaluator:
     """The best evaluation of this run so far. One judged by another metric is refused, not
     replaced: saving a new best model would delete the one kept."""
     best_dir = os.path.join(self.output_dir, "best")
-    path, older = os.path.join(best_dir, BEST_FILE), os.path.join(best_dir, "bleu.json")
-    if os.path.isfile(path):
-      best = _read_json(path)
-    elif os.path.isfile(older):  # written before early stopping: the best by dev BLEU
-      kept = _read_json(older)
-      best = {"metric": "dev_bleu", "value": kept["bleu"], "update": kept["update"],
-              "improved_at": kept["update"], "checkpoint": kept.get("checkpoint")}
-    else:
+    best = formats.best_record(best_dir, _read_json)
+    if best is None:
       return None
     if best.get("metric") != self.metric:
       how = ("--eval_early_stopping_steps=K --eval_early_stopping_metric=dev_loss"

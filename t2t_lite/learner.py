@@ -29,7 +29,7 @@ SUM = tf.distribute.ReduceOp.SUM
 # Cross-replica sums of an update are packed into chunks of about this size: a few collectives
 # per update instead of one per variable, without a second copy of all gradients at once
 # (TensorFlow's 0 would pack everything into one).
-PACK_BYTES = 32 * 2 ** 20
+PACK_BYTES = 32 * 2 ** 20  # the default of Learner(pack_bytes=)
 MIN_LOSS_SCALE = 1.0
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
@@ -116,14 +116,18 @@ class Learner:
 
   def __init__(self, hparams, vocab_size: int, accumulate_steps: int | AccumulateSchedule,
                seed: int = 1, strategy: tf.distribute.Strategy | None = None,
-               faults: faults_lib.NoFaults | None = None, xla_compile: bool = False):
+               faults: faults_lib.NoFaults | None = None, xla_compile: bool = False,
+               pack_bytes: int = PACK_BYTES):
     """`xla_compile`: each replica's forward and backward pass is compiled by XLA (once per
-    batch shape); the accumulation, cross-replica sum and update are not."""
+    batch shape); the accumulation, cross-replica sum and update are not. `pack_bytes`: the
+    cross-replica sum of the gradients is packed into all-reduces of at least this many
+    bytes (1: one all-reduce per tensor)."""
     hparams_check.check(hparams)
     self.hparams = hparams
     self.schedule = (accumulate_steps if isinstance(accumulate_steps, AccumulateSchedule)
                      else AccumulateSchedule.constant(accumulate_steps))
     self.seed = seed
+    self.pack_bytes = pack_bytes
     self.strategy = strategy or tf.distribute.get_strategy()
     self.replicas = self.strategy.num_replicas_in_sync
     self.dropout_on = any(rate > 0 for rate in (hparams.layer_prepostprocess_dropout,
@@ -144,8 +148,8 @@ class Learner:
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.micro_step = tf.Variable(0, name="micro_step", **counter)
       self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
-      # Micro-steps done of the update in progress (-1 in a checkpoint that predates it).
-      self.in_update = tf.Variable(-1, name="in_update", **counter)
+      # Micro-steps done of the update in progress.
+      self.in_update = tf.Variable(0, name="in_update", **counter)
       # The layout a checkpoint was written on: [replicas, micro-steps of the update in
       # progress]; a resume on another layout is checked against it (see train.Trainer).
       self.layout = tf.Variable([self.replicas, self.schedule.steps_for(1)], name="layout",
@@ -244,10 +248,10 @@ class Learner:
 
   def _sum_over_replicas(self, values):
     """Each of `values` (per-replica tensors or replica-local variables) summed over all
-    replicas, as one batched reduction that TensorFlow packs into PACK_BYTES chunks."""
+    replicas, as one batched reduction that TensorFlow packs into pack_bytes chunks."""
     if self.replicas == 1:
       return [v.read_value() if isinstance(v, tf.Variable) else v for v in values]
-    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=PACK_BYTES)
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=self.pack_bytes)
     graph = tf.compat.v1.get_default_graph()  # the graph being traced
     first_new_op = len(graph.get_operations())
     # Reducing onto a model variable's devices: an all-reduce among this worker's devices.
@@ -364,11 +368,7 @@ class Learner:
   def _sync_host(self) -> None:
     if self._position is None:  # read once after (re)start
       self._confirm(int(self.update_step.numpy()))
-      position = int(self.in_update.numpy())
-      if position < 0:  # a checkpoint from before in_update: n was constant
-        position = int(self.micro_step.numpy()) % self.schedule.steps_for(self._updates_done + 1)
-        self.in_update.assign(position)
-      self._position = position
+      self._position = int(self.in_update.numpy())
       self._micro_step = int(self.micro_step.numpy())
 
   def _confirm(self, updates_done: int) -> None:

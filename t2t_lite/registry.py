@@ -79,7 +79,7 @@ register_hparams = hparams_sets.register
 register_problem = problems.register
 register_model = models.register
 
-_BUILTIN_MODULES = ("configs", "t2t_lite.problems", "t2t_lite.models")
+_BUILTIN_MODULES = ("t2t_lite.configs", "t2t_lite.problems", "t2t_lite.models")
 _loaded = False
 
 
@@ -110,7 +110,7 @@ def help_string() -> str:
   lines = []
   for reg in (hparams_sets, problems, models):
     lines.append(f"{reg.kind}s ({reg.flag}):")
-    by_target = {v: k for k, v in reg._aliases.items()}
+    by_target = {v: k for k, v in reg._aliases.items()}  # noqa: SLF001 (this module's own)
     for name in reg.names():
       alias = by_target.get(name)
       lines.append(f"  {name}" + (f"  (alias: {alias})" if alias else ""))

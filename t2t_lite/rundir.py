@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from t2t_lite import hparams_check, registry
+from t2t_lite import formats, hparams_check, registry
 from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.hparams import HParams
@@ -28,7 +28,7 @@ def read_meta(output_dir: str) -> dict | None:
     return None
   try:
     with open(path) as f:
-      return json.load(f)
+      return formats.run_record(json.load(f))
   except ValueError as err:
     raise UsageError(f"{path} is not valid JSON ({err}); restore it or use a new "
                      "--output_dir") from None
@@ -85,7 +85,7 @@ def parameter_count(hparams, vocab_size: int) -> int:
   ffn = h * f + f + f * h + h
   encoder = 4 * h * h + ffn + 2 * 2 * h
   decoder = 8 * h * h + ffn + 3 * 2 * h
-  embeddings = vocab_size * h if hparams.shared_embedding_and_softmax_weights else 3 * vocab_size * h
+  embeddings = vocab_size * h * (1 if hparams.shared_embedding_and_softmax_weights else 3)
   return (embeddings + hparams.num_encoder_layers * encoder +
           hparams.num_decoder_layers * decoder + final_norms)
 

@@ -31,7 +31,7 @@ from absl import logging
 
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
-from t2t_lite import rundir
+from t2t_lite import formats, rundir
 from t2t_lite.checkpoints import Checkpoints, checkpoint_number, warm_start, warm_start_source
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
@@ -93,10 +93,14 @@ class Trainer:
 
   def __init__(self, hparams, problem, plan: BatchPlan, options: RunOptions,
                strategy: tf.distribute.Strategy | None = None, is_chief: bool = True,
-               worker_name: str = "worker"):
+               worker_name: str = "worker", after_update=None):
+    """`after_update(tried)`, if given, is called after each update and what followed it
+    (log, save, evaluation) with the number of updates tried: a hook for observers such as
+    a count of device reads per update; it must not read the device itself."""
     self.hparams, self.problem, self.plan, self.options = hparams, problem, plan, options
     self.strategy = strategy or tf.distribute.get_strategy()
     self.is_chief = is_chief
+    self._after_update = after_update
     self.vocab = problem.get_vocab(options.data_dir)
     self.faults = faults_lib.from_environment()
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
@@ -109,18 +113,18 @@ class Trainer:
     # output_dir/workers/<task>, and each resumes from its own directory.
     directory = (options.output_dir if is_chief
                  else os.path.join(options.output_dir, "workers", worker_name))
-    # The accumulators exist only for n > 1 and the counters of the update in progress are
-    # new: between updates a checkpoint without them resumes as well (see _check_layout).
+    # The accumulators exist only for n > 1; what later versions added may be missing from
+    # an older checkpoint, and formats.upgrade_restored fills it in.
     self.checkpoints = Checkpoints(
         {**self.iterators, **self.learner.trackables()}, directory, options.checkpointing,
         self.strategy, self.faults, before_restore=self._check_stream,
-        optional=("accumulator", "in_update", "layout"))
+        optional=("accumulator", *formats.ADDED_TO_CHECKPOINTS))
     self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
     self._restored = False
     self.warm_started_from = None  # the checkpoint a new run started from
     self._reduction_logged = False
-    self._has_layout = True  # of the checkpoint restored (see _check_stream)
+    self._lacks = set()  # what the checkpoint restored lacked (see _check_stream)
     self.train_writer = tf.summary.create_noop_writer()
     self.evaluator = None
     if is_chief:
@@ -160,28 +164,14 @@ class Trainer:
 
   # --- checkpoints -------------------------------------------------------------------
   def _check_stream(self, path: str, names: set[str]) -> None:
-    """Checkpoints from before the shared stream kept one data iterator per replica."""
-    self._has_layout = "layout" in names
-    if "layout" not in names and ("iterator_1" in names or self.plan.replicas > 1):
-      raise UsageError(
-          f"checkpoint {path} was written by a t2t-lite whose replicas each read their own "
-          "data shard, which this version cannot continue on more than one replica; resume "
-          "it on one replica, or finish it with the version that wrote it")
+    """What an older checkpoint lacks (upgraded once restored), or its refusal."""
+    self._lacks = formats.checkpoint_lacks(path, names, self.plan.replicas)
 
   def _check_layout(self, path: str) -> None:
     """A checkpoint written on another layout (replicas x accumulate steps): resumable
     between updates, when the tokens per update stay the same; the micro-step counter is
     rescaled so that the run continues the same stream."""
     learner, plan = self.learner, self.plan
-    if not self._has_layout:  # written before layouts were recorded: on one replica
-      meta = rundir.read_meta(self.options.output_dir) or {}
-      recorded = meta.get("hparams", {}).get("optimizer_multistep_accumulate_steps")
-      derived = meta.get("hparams", {}).get("effective_batch_tokens")
-      if recorded is not None and not derived and recorded != learner.accumulate_steps():
-        raise UsageError(
-            f"checkpoint {path} predates recorded layouts and was trained with "
-            f"optimizer_multistep_accumulate_steps={recorded}; resume it with that value")
-      return
     old_replicas, old_steps = (int(x) for x in learner.layout.numpy())
     steps = learner.accumulate_steps()
     if (old_replicas, old_steps) == (plan.replicas, steps):
@@ -259,6 +249,8 @@ class Trainer:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
                       "a new run only", self.checkpoints.directory)
     self.learner.forget_host_counters()
+    formats.upgrade_restored(self.learner, self._lacks, rundir.read_meta(self.options.output_dir),
+                             path)
     self._check_layout(path)
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))
@@ -385,6 +377,8 @@ class Trainer:
         actions = decide(progress, agreed, schedule)
       actions = self._follow(actions, progress, agreed, clock)
       agreement.before_next_update()
+      if self._after_update is not None:
+        self._after_update(progress.tried)
     return self._finish(actions.stop, progress, clock)
 
   def _follow(self, actions, progress: Progress, agreed: Agreed, clock: _Clock):

@@ -56,7 +56,8 @@ def test_an_earlier_average_is_replaced_whole(run_copy, tmp_path):
   for count in (1, 2):
     cli("t2t-lite-avg-checkpoints", f"--output_dir={run_copy}",
         f"--num_last_checkpoints={count}", f"--avg_dir={avg_dir}", check=True)
-  assert sorted(os.listdir(avg_dir)) == ["averaged.json", "checkpoint", "ckpt-8.data-00000-of-00001",
+  assert sorted(os.listdir(avg_dir)) == ["averaged.json", "checkpoint",
+                                         "ckpt-8.data-00000-of-00001",
                                          "ckpt-8.index", "hparams.json"]
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
   assert '"checkpoints"' in (avg_dir / "averaged.json").read_text()

@@ -1,12 +1,16 @@
-"""`make bench` code on a tiny configuration (the benchmarks themselves are not tests)."""
+"""`make bench` code on tiny configurations (the benchmarks themselves are not tests)."""
 
-from t2t_lite import bench
+import os
+
+from benchmarks import common, decoding, run
+from benchmarks import training as bench
+from conftest import multi30k_dir
 
 
 def test_train_worker_reports_memory_speed_and_state_bytes():
   spec = {"kind": "train", "hparams_set": "transformer_tiny", "rows": 4, "length": 8,
           "vocab": 100, "n": 2, "warmup_micro_steps": 2, "micro_steps": 2}
-  result = bench.run_worker(spec)
+  result = common.run_worker(bench.MODULE, spec)
   assert "error" not in result, result
   assert result["tokens_per_second"] > 0 and result["peak_rss_mib"] > 100
   assert result["accumulators_mib"] == result["parameters_mib"] > 0
@@ -46,43 +50,9 @@ def test_table_compares_packed_and_per_tensor_sums():
           in bench.table(results))
 
 
-def test_before_rows_run_right_after_their_now_rows():
-  suite = bench.suite(False, "data", "raw", None, before=True)
-  names = [name for name, _ in suite]
-  befores = [n for n in names if n.startswith("before/")]
-  assert sorted(befores) == sorted(f"before/{n}" for n in (
-      "profile/n=1", "host_syncs/n=1", "host_syncs/n=4"))
-  for name in befores:
-    assert names[names.index(name) - 1] == name[len("before/"):]
-  # The n=1 speeds are measured in turns with the version before (paired_train).
-  assert sorted(n for n, spec in suite if spec.get("paired")) == ["speed/n=1",
-                                                                   "speed/n=1/float32"]
-
-
-def test_paired_train_alternates_the_two_versions():
-  """Both processes measure the same micro-steps in turns; the ratios are per block."""
-  spec = {"kind": "train", "hparams_set": "transformer_tiny", "rows": 4, "length": 6,
-          "vocab": 50, "n": 1, "warmup_micro_steps": 1, "micro_steps": 4}
-  now, before = bench.paired_train(spec, bench.REPO, blocks=2)
-  assert "error" not in now, now
-  for result in (now, before):
-    assert result["tokens_per_second"] > 0 and result["peak_rss_mib"] > 0
-    assert result["blocks"] == 2 and result["micro_steps_per_block"] == 2
-    assert len(result["block_ratios"]) == 2 and all(r > 0 for r in result["block_ratios"])
-  row = bench.before_after_rows({"speed/n=1": now, "before/speed/n=1": before})[0]
-  assert "in turns, 2 blocks of 2 micro-steps each" in row
-
-
-def test_paired_train_reports_a_failed_worker():
-  spec = {"kind": "train", "hparams_set": "no_such_hparams_set", "rows": 4, "length": 6,
-          "vocab": 50, "n": 1, "micro_steps": 2}
-  now, before = bench.paired_train(spec, bench.REPO, blocks=2)
-  assert now["error"].startswith("paired measurement failed: ") and before == {}
-  assert "no_such_hparams_set" in now["error"]
-
-
 def test_profile_worker_breaks_a_micro_step_down():
-  result = bench.run_worker({"kind": "profile", "hparams_set": "transformer_tiny", "rows": 8,
+  result = common.run_worker(bench.MODULE, {"kind": "profile",
+                                            "hparams_set": "transformer_tiny", "rows": 8,
                              "length": 8, "vocab": 100, "n": 2, "micro_steps": 2})
   assert "error" not in result, result
   assert result["seconds_per_micro_step"] > 0 and 0 <= result["host_share"] < 1
@@ -94,12 +64,56 @@ def test_profile_worker_breaks_a_micro_step_down():
 def test_xla_row_runs_the_compiled_step_and_compares_it_with_the_plain_one():
   spec = {"kind": "train", "hparams_set": "transformer_tiny", "rows": 4, "length": 8,
           "vocab": 100, "n": 1, "warmup_micro_steps": 1, "micro_steps": 2, "xla_compile": True}
-  result = bench.run_worker(spec)
+  result = common.run_worker(bench.MODULE, spec)
   assert "error" not in result, result
   assert result["tokens_per_second"] > 0
-  assert "speed/n=1/xla" in dict(bench.suite(False, None, None, None))
+  assert "speed/n=1/xla" in dict(bench.suite(False, None))
   speed = {"tokens_per_second": 4000.0, "compute_dtype": "bfloat16"}
   results = {"speed/n=1": speed, "speed/n=8": speed,
              "speed/n=1/xla": {"tokens_per_second": 3000.0, "compute_dtype": "bfloat16"}}
   assert ("| --xla_compile (bfloat16, n=1): tokens/s with / without | 3000 / 4000 (0.75x) |"
           in bench.table(results))
+
+
+def test_the_rows_that_read_data_run_only_with_a_data_directory():
+  with_data = {name for name, _ in bench.suite(False, "data")}
+  without = {name for name, _ in bench.suite(False, None)}
+  assert with_data - without == {"host_syncs/n=1", "host_syncs/n=4", "pipeline"}
+
+
+def test_the_table_goes_between_the_markers_of_its_page(tmp_path):
+  page = tmp_path / "performance.md"
+  page.write_text("# Performance\nprose\n<!-- make bench: begin -->\nold table\n"
+                  "<!-- make bench: end -->\nmore prose\n")
+  assert common.write_block(run.MARKER, "| a | b |\n", str(page))
+  assert page.read_text() == ("# Performance\nprose\n<!-- make bench: begin -->\n| a | b |\n"
+                              "<!-- make bench: end -->\nmore prose\n")
+  other = tmp_path / "other.md"
+  other.write_text("no markers\n")
+  assert not common.write_block(run.MARKER, "| a | b |\n", str(other))
+  assert other.read_text() == "no markers\n"
+  assert not common.write_block(run.MARKER, "x", str(tmp_path / "missing.md"))
+
+
+def test_the_performance_page_has_the_markers_of_both_benchmarks():
+  with open(common.PERFORMANCE_DOC) as f:
+    page = f.read()
+  for name in ("make bench", "make bench-fairseq"):
+    assert page.count(f"<!-- {name}: begin -->") == 1 == page.count(f"<!-- {name}: end -->")
+
+
+def test_the_engine_worker_decodes_a_run_through_the_inference_layer(tiny_run):
+  """t2t-lite's own search on a trained run, as the engine comparison times it; BLEU is
+  scored by t2t_lite.metrics."""
+  raw = multi30k_dir()
+  result = decoding.worker_engine({
+      "engine": "tensorflow", "run_dir": tiny_run["output_dir"], "sentences": 6,
+      "source": os.path.join(raw, "test_2016_flickr.en.gz"),
+      "reference": os.path.join(raw, "test_2016_flickr.de.gz")})
+  assert result["sentences"] == 6 and result["sentences_per_second"] > 0
+  assert 0 <= result["bleu"] <= 100
+  rows = decoding.table_rows({"decode/engines": {
+      "_sentences": 6, "tensorflow": {**result, "process_seconds": 9.0},
+      "ctranslate2_int8": {**result, "sentences_per_second": 2 * result["sentences_per_second"],
+                           "process_seconds": 4.0}}})
+  assert "t2t-lite's search | " in rows[0] and "(2.0x)" in rows[1]

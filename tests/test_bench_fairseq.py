@@ -1,13 +1,14 @@
 """The fairseq comparison's data export, log reading and flags (fairseq itself is not a
 dependency: the comparison runs where --fairseq_bin points at an install of it)."""
 
-import os
 
 import pytest
 import sentencepiece as spm
 
-from t2t_lite import bench_fairseq, registry
+from benchmarks import fairseq as bench_fairseq
+from t2t_lite import registry
 
+# fairseq-train's own lines, as long as it writes them.
 FAIRSEQ_LOG = """\
 2026-12-03 07:31:02 | INFO | train_inner | epoch 001:     10 / 136 loss=13.941, nll_loss=13.918, ppl=15474.6, wps=1951.6, ups=0.57, wpb=3425.8, bsz=244, num_updates=10, lr=8e-05, gnorm=3.977, train_wall=19, wall=20
 2026-12-03 07:31:18 | INFO | train_inner | epoch 001:     20 / 136 loss=12.35, nll_loss=12.194, ppl=4684.38, wps=2000, ups=0.62, wpb=3000, bsz=220, num_updates=20, lr=0.00016, gnorm=2.079, train_wall=16, wall=37

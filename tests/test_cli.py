@@ -52,7 +52,7 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):
   result = cli("t2t-lite-trainer", f"--output_dir={output_dir}", "--data_dir=nowhere", *args)
   assert result.returncode == 2, result.stderr
   assert message in result.stderr
-  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith("t2t-lite-trainer: error:"), result.stderr
   assert "Traceback" not in result.stderr
   assert not output_dir.exists(), "a usage error must not create the output directory"

@@ -39,8 +39,8 @@ def test_second_datagen_run_does_nothing(multi30k_data):
 
 def test_sentencepiece_round_trip(multi30k_data):
   vocab = registry.problem("translate_ende_multi30k").get_vocab(multi30k_data)
-  lines = [l.strip() for lang in ("en", "de")
-           for l in read_lines(os.path.join(multi30k_dir(), f"test_2016_flickr.{lang}.gz"))]
+  lines = [line.strip() for lang in ("en", "de")
+           for line in read_lines(os.path.join(multi30k_dir(), f"test_2016_flickr.{lang}.gz"))]
   same = sum(vocab.decode(vocab.encode(line)) == line for line in lines)
   assert same / len(lines) >= 0.999, f"{len(lines) - same} of {len(lines)} lines changed"
   assert vocab.encode("A dog.")[-1] == 1  # ends with EOS
@@ -466,7 +466,8 @@ def test_datagen_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     assert manifest["splits"]["train"]["kept"] == pairs
   growth, more_text = peaks[12000] - peaks[3000], text_bytes[12000] - text_bytes[3000]
   # Holding the split in Python would grow by more than its text (str + id lists).
-  assert growth < more_text / 4, f"peak grew {growth} bytes for {more_text} more bytes of text; {peaks}"
+  assert growth < more_text / 4, (f"peak grew {growth} bytes for {more_text} more bytes of "
+                                  f"text; {peaks}")
 
 
 def test_reservoir_sample_is_seeded_uniform_and_whole_when_small():

@@ -310,3 +310,53 @@ def test_averaged_checkpoint_is_the_mean(tiny_run, tmp_path):
     np.testing.assert_allclose(averaged.get_tensor(name), (a + b) / 2, rtol=1e-6, atol=1e-7)
   assert differ > 10, "the two checkpoints should differ"
   assert os.path.isfile(avg_dir / "hparams.json")
+
+
+def test_decode_hparams_batch_size_counts_sentences_as_in_tensor2tensor():
+  """batch_size is sentences per batch (tensor2tensor's meaning), batch_tokens source
+  tokens; with neither, batches hold up to DEFAULT_BATCH_TOKENS source tokens."""
+  from t2t_lite import inference
+
+  class Recorder:
+    """A decoder that records the batches the Translator's options make."""
+
+    def __init__(self):
+      self.batches = []
+
+    def translate_nbest(self, sources, beam_size, alpha, batch_size, use_cache, batch_tokens):
+      from t2t_lite.batching import decode_batches
+      self.batches = decode_batches(sources, 256, batch_size, batch_tokens)
+      return [[(list(ids[:-1]), 0.0)] for ids in sources]
+
+  class Words:
+    def encode(self, line):
+      return [5] * len(line.split()) + [1]
+
+    def decode(self, ids):
+      return " ".join("w" for _ in ids)
+
+  lines = [" ".join(["w"] * 9)] * 64  # 64 sentences of 10 tokens with EOS
+  sizes = {}
+  for spec in ("", "batch_size=16", "batch_tokens=200", "batch_size=16,batch_tokens=60"):
+    options, given = inference.decode_options(spec)
+    recorder = Recorder()
+    translated = inference.Translator(recorder, Words(), 256, options)(lines)
+    assert translated == [" ".join(["w"] * 9)] * 64
+    sizes[spec] = sorted({len(batch) for batch in recorder.batches})
+  assert sizes == {"": [64],  # 640 tokens: one batch within the default 1024
+                   "batch_size=16": [16], "batch_tokens=200": [4, 20],
+                   "batch_size=16,batch_tokens=60": [4, 6]}
+  assert inference.decode_options("batch_size=16")[0].batching() == (16, 0)
+  assert inference.decode_options("")[0].batching() == (0, inference.DEFAULT_BATCH_TOKENS)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("batch_size=-1", "--decode_hparams: batch_size must be at least 0"),
+    ("beam_size=0", "--decode_hparams: beam_size must be at least 1"),
+    ("batch=64", "unknown hparam 'batch'"),
+])
+def test_decode_hparams_errors_name_the_setting(spec, message):
+  from t2t_lite import inference
+  from t2t_lite.errors import UsageError
+  with pytest.raises(UsageError, match=message):
+    inference.decode_options(spec)

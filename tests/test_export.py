@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import BIN, cli, multi30k_dir, tiny_hparams
-from t2t_lite import decode, export, metrics, registry, rundir
+from t2t_lite import export, metrics, registry, rundir
 from t2t_lite.export import ctranslate2_decoder, ctranslate2_model
 from t2t_lite.problems.vocab import SubwordVocab
 
@@ -261,8 +261,9 @@ def test_ctranslate2_scores_every_token_as_ours(norm, tiny_run, tmp_path):
   vocab_file = os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model")
   vocab = SubwordVocab(vocab_file)
   if norm == "pre_norm":
-    from t2t_lite.restore import load_model
-    model, _, hparams = load_model(tiny_run["output_dir"], None, None, "", None, None)
+    from t2t_lite import inference
+    run = inference.load(tiny_run["output_dir"])
+    model, hparams = run.model, run.hparams
   else:
     hparams = tiny_hparams(layer_preprocess_sequence="none", layer_postprocess_sequence="dan")
     model = registry.model("transformer")(hparams, vocab.size, seed=5)
@@ -306,7 +307,7 @@ def test_exporter_usage_errors_exit_2_with_one_line(args, message, tiny_run, tmp
 def _assert_usage_error(result, message, program):
   assert result.returncode == 2, result.stderr
   assert message in result.stderr, result.stderr
-  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith(f"{program}: error:"), result.stderr
   assert "Traceback" not in result.stderr
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs.transformer import basic_params
+from t2t_lite.configs.transformer import basic_params
 from t2t_lite import data, hparams_check, registry, steps
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.learner import Learner

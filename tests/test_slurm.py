@@ -35,7 +35,8 @@ def slurm():
       break
     time.sleep(1)
   else:
-    pytest.fail(f"no Slurm node is idle; start one with data_scripts/slurm_local_up.sh (sinfo: {states or result.stderr.strip()})")
+    pytest.fail("no Slurm node is idle; start one with data_scripts/slurm_local_up.sh "
+                f"(sinfo: {states or result.stderr.strip()})")
   # The job inherits this environment: the installed programs first on its PATH.
   return dict(os.environ, PATH=BIN + os.pathsep + os.environ["PATH"])
 

@@ -156,7 +156,7 @@ def _teacher_forced_sum(model, source_ids, target_ids):
 
 
 def test_score_file_gives_the_log_probability_of_each_pair(tiny_run, tmp_path):
-  from t2t_lite.restore import load_model
+  from t2t_lite import inference
   pairs = [("A man is riding a bike.", "Ein Mann fährt Fahrrad."),
            ("Two dogs play in the snow near a red house.", "Zwei Hunde spielen im Schnee."),
            ("Kids.", "")]
@@ -166,8 +166,9 @@ def test_score_file_gives_the_log_probability_of_each_pair(tiny_run, tmp_path):
                f"--decode_to_file={tmp_path / 'scores.txt'}", check=True)
   assert "scored 3 lines" in result.stderr
   scores = [float(x) for x in (tmp_path / "scores.txt").read_text().split()]
-  model, vocab, _ = load_model(tiny_run["output_dir"], None, None, "", None, None)
-  expected = [_teacher_forced_sum(model, vocab.encode(s), vocab.encode(t)) for s, t in pairs]
+  run = inference.load(tiny_run["output_dir"])
+  expected = [_teacher_forced_sum(run.model, run.vocab.encode(s), run.vocab.encode(t))
+              for s, t in pairs]
   np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)
   assert all(score < 0 for score in scores)
 

@@ -1,4 +1,4 @@
-"""What every command-line program shares: quiet TensorFlow import, flags, exit codes.
+"""What every command-line program shares: flags, exit codes, TensorFlow through `runtime`.
 
 Exit codes: 0 done; 2 usage error (bad flag, unknown name, bad data layout); 1 a run that
 failed (non-finite updates, no readable checkpoint). Known errors print one line on stderr;
@@ -7,7 +7,6 @@ failed (non-finite updates, no readable checkpoint). Known errors print one line
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import traceback
@@ -15,46 +14,10 @@ import traceback
 from absl import app, flags, logging
 
 from t2t_lite.errors import RunError, UsageError
-
-# TensorFlow uses its oneDNN kernels by default only on some x86 CPUs; on an AVX2-only AMD EPYC
-# they were off, and turning them on trained transformer_multi30k_cpu 5-11% faster (same
-# memory). Set before TensorFlow is imported; a user's own TF_ENABLE_ONEDNN_OPTS wins.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+from t2t_lite.runtime import import_tensorflow  # noqa: F401  (the programs' one way in)
 
 flags.DEFINE_bool("debug", False, "Print Python tracebacks for usage and run errors.")
 FLAGS = flags.FLAGS
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-  sys.stderr.flush()
-  saved = os.dup(2)
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  try:
-    os.dup2(devnull, 2)
-    yield
-  finally:
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(devnull)
-
-
-def import_tensorflow(before_devices=None):
-  """Imports TensorFlow without its start-up noise on stderr; later errors still show.
-
-  TensorFlow writes oneDNN and CUDA-probe lines from C++ before absl logging starts; no
-  setting removes all of them, so stderr is pointed at /dev/null for the import and the
-  first device query only. `before_devices()` runs between the two, with stderr intact:
-  the last moment to choose visible GPUs (CUDA_VISIBLE_DEVICES) for this process.
-  """
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  with _quiet_stderr():
-    import tensorflow as tf
-  if before_devices is not None:
-    before_devices()
-  with _quiet_stderr():
-    tf.config.list_physical_devices()
-  return tf
 
 
 def _fail(program: str, err: Exception) -> None:
@@ -110,7 +73,7 @@ def define_count(name: str, default: int, help_text: str, minimum: int = 0,
   """An integer flag checked when the flags are parsed (a usage error, exit 2, before any
   work): at least `minimum` (and at most `maximum`). The help text says what 0 means where
   0 is allowed."""
-  module = sys._getframe(1).f_globals["__name__"]  # listed under its program in --helpfull
+  module = sys._getframe(1).f_globals["__name__"]  # noqa: SLF001 (--helpfull lists it there)
   flags.DEFINE_integer(name, default, help_text, module_name=module)
   bound = f"must be at least {minimum}" + (f" and at most {maximum}" if maximum else "")
   flags.register_validator(

@@ -7,15 +7,16 @@ tab-separated and best first: `hyp1<TAB>score1<TAB>hyp2<TAB>score2...`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
-from absl import flags, logging
+from absl import flags
 
+from t2t_lite import inference
 from t2t_lite.cli import common
 from t2t_lite.errors import UsageError
 from t2t_lite.files import write_atomic
-from t2t_lite.restore import load_model
 
 flags.DEFINE_string("problem", None, "Registered problem (default: the run's).")
 flags.DEFINE_string("hparams_set", None, "Hparams set (default: the run's hparams.json).")
@@ -23,10 +24,12 @@ flags.DEFINE_string("hparams", "", "Overrides for --hparams_set.")
 flags.DEFINE_string("data_dir", None, "Datagen directory with the vocabulary (default: the run's).")
 flags.DEFINE_string("output_dir", None, "The training (or averaged) run directory.")
 flags.DEFINE_string("checkpoint_path", None, "A checkpoint (default: the newest in output_dir).")
-flags.DEFINE_string("decode_hparams", "", "beam_size, alpha, batch_size (source tokens), "
-                    "extra_decode_length "
-                    "(with --engine=ctranslate2, the export's unless given here), "
-                    "return_beams (write the beam_size best with their scores, tab-separated).")
+flags.DEFINE_string("decode_hparams", "", "beam_size (4), alpha (0.6), extra_decode_length (50) "
+                    "(with --engine=ctranslate2, the export's unless given here); batch_size "
+                    "(sentences per batch, 0: no limit) and batch_tokens (source tokens per "
+                    "batch, padding included, 0: no limit; with neither given, "
+                    f"{inference.DEFAULT_BATCH_TOKENS}); return_beams (write the beam_size "
+                    "best with their scores, tab-separated).")
 flags.DEFINE_string("decode_from_file", None, "Source text, one sentence a line (.gz allowed).")
 flags.DEFINE_string("decode_to_file", None, "Where the translations (or the --score_file "
                     "scores) go.")
@@ -42,25 +45,10 @@ flags.DEFINE_string("export_dir", None, "The CTranslate2 export, with --engine=c
 FLAGS = flags.FLAGS
 
 
-def decode_hparams(spec: str):
-  from t2t_lite.hparams import HParams
-  # batch_size counts source tokens, padding included (rows x longest row), as training's
-  # does: 1024 holds about 64 test_2016_flickr sentences, more short ones, fewer long ones.
-  hparams = HParams(beam_size=4, alpha=0.6, batch_size=1024, extra_decode_length=50,
-                    use_cache=True, return_beams=False)
-  hparams.parse(spec)
-  if hparams.beam_size < 1 or hparams.batch_size < 1:
-    raise UsageError("--decode_hparams: beam_size and batch_size must be at least 1")
-  return hparams
-
-
-def _given_keys() -> set[str]:
-  return {entry.split("=")[0].strip() for entry in FLAGS.decode_hparams.split(",")
-          if entry.strip()}
-
-
-def ctranslate2_engine(options):
-  """(decoder, vocab, max_length) of --export_dir; the checkpoint flags are refused."""
+def ctranslate2_engine(options, given_keys: set[str]):
+  """(decoder, vocab, max_length, options) of --export_dir; the checkpoint flags are
+  refused. The export's own beam_size, alpha and extra_decode_length apply unless
+  --decode_hparams gives them."""
   common.require(FLAGS.export_dir, "export_dir", "exports/ende_ct2")
   given = [name for name in ("output_dir", "checkpoint_path", "hparams_set", "hparams",
                              "problem", "data_dir") if getattr(FLAGS, name)]
@@ -70,14 +58,12 @@ def ctranslate2_engine(options):
   from t2t_lite.export import read_info
   from t2t_lite.export.ctranslate2_decoder import Ctranslate2Decoder
   from t2t_lite.problems.vocab import SubwordVocab
-  # The export's own beam_size, alpha and extra_decode_length unless --decode_hparams sets them.
-  given_keys = _given_keys()
   info = read_info(FLAGS.export_dir, "ctranslate2")
-  for key in ("beam_size", "alpha", "extra_decode_length"):
-    if key not in given_keys:
-      options.set_hparam(key, info[key])
+  options = dataclasses.replace(options, **{
+      key: info[key] for key in ("beam_size", "alpha", "extra_decode_length")
+      if key not in given_keys})
   decoder = Ctranslate2Decoder(FLAGS.export_dir, options.extra_decode_length)
-  return decoder, SubwordVocab(decoder.vocab_file), decoder.max_length
+  return decoder, SubwordVocab(decoder.vocab_file), decoder.max_length, options
 
 
 def _mode() -> str:
@@ -106,52 +92,16 @@ def _mode() -> str:
   return "translate" if given[0] == "decode_from_file" else "score"
 
 
-def _engine(options):
-  """(decoder, vocab, max_length) of the chosen engine."""
+def _engine(options, given_keys: set[str]):
+  """(decoder, vocab, max_length, options) of the chosen engine."""
   if FLAGS.engine == "ctranslate2":
-    return ctranslate2_engine(options)
+    return ctranslate2_engine(options, given_keys)
   if FLAGS.export_dir:
     raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
                      "--output_dir alone for the tensorflow engine")
-  model, vocab, hparams = load_model(FLAGS.output_dir, FLAGS.checkpoint_path,
-                                     FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
-                                     FLAGS.data_dir)
-  from t2t_lite import decode
-  return decode.Decoder(model, hparams.max_length, options.extra_decode_length), vocab, \
-      hparams.max_length
-
-
-class Translator:
-  """Lines of text -> output lines (one best, or the n-best with scores), empty for empty."""
-
-  def __init__(self, decoder, vocab, max_length: int, options):
-    self.decoder, self.vocab, self.max_length, self.options = decoder, vocab, max_length, options
-
-  def __call__(self, lines: list[str], first_line: int = 1) -> list[str]:
-    options = self.options
-    sources, positions = [], []
-    for index, line in enumerate(lines):
-      if line.strip():  # an empty line translates to an empty line
-        ids = self.vocab.encode(line.strip())
-        if len(ids) > self.max_length:
-          logging.warning("line %d has %d tokens; only the first %d are translated",
-                          first_line + index, len(ids), self.max_length)
-        sources.append(ids)
-        positions.append(index)
-    nbests = self.decoder.translate_nbest(sources, options.beam_size, options.alpha,
-                                          batch_size=0, use_cache=options.use_cache,
-                                          batch_tokens=options.batch_size)
-    beams = options.beam_size if options.return_beams else 1
-    out = [self._format([([], 0.0)] * beams)] * len(lines)
-    for index, nbest in zip(positions, nbests):
-      out[index] = self._format(nbest[:beams])
-    return out
-
-  def _format(self, nbest) -> str:
-    texts = [self.vocab.decode(ids).replace("\n", " ").replace("\t", " ") for ids, _ in nbest]
-    if not self.options.return_beams:
-      return texts[0]
-    return "\t".join(f"{text}\t{score:.4f}" for text, (_, score) in zip(texts, nbest))
+  run = inference.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
+                       FLAGS.hparams, FLAGS.problem, FLAGS.data_dir)
+  return run.decoder(options), run.vocab, run.hparams.max_length, options
 
 
 def _score_pairs() -> list[tuple[str, str]]:
@@ -170,10 +120,8 @@ def _score_pairs() -> list[tuple[str, str]]:
   return pairs
 
 
-def _score(decoder, vocab, pairs, options) -> None:
-  scores = decoder.score([vocab.encode(source) for source, _ in pairs],
-                         [vocab.encode(target) for _, target in pairs],
-                         batch_tokens=options.batch_size)
+def _score(translator, pairs) -> None:
+  scores = translator.score(pairs)
   write_atomic(FLAGS.decode_to_file, "".join(f"{score:.6f}\n" for score in scores))
   print(f"scored {len(scores)} lines -> {FLAGS.decode_to_file}", file=sys.stderr)
 
@@ -181,20 +129,20 @@ def _score(decoder, vocab, pairs, options) -> None:
 def main() -> None:
   from t2t_lite.problems.base import read_lines
   mode = _mode()
-  options = decode_hparams(FLAGS.decode_hparams)
+  options, given_keys = inference.decode_options(FLAGS.decode_hparams)
   if mode == "score":
-    for key in sorted(_given_keys() - {"batch_size"}):
+    for key in sorted(given_keys - {"batch_size", "batch_tokens"}):
       raise UsageError(f"--decode_hparams: {key} is not read with --score_file (forced "
-                       "decoding searches nothing); only batch_size is")
+                       "decoding searches nothing); only batch_size and batch_tokens are")
   pairs = _score_pairs() if mode == "score" else []
   lines = read_lines(FLAGS.decode_from_file) if mode == "translate" else []
   if mode == "translate" and not lines:
     raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} is empty; nothing to decode")
-  decoder, vocab, max_length = _engine(options)
+  decoder, vocab, max_length, options = _engine(options, given_keys)
+  translate = inference.Translator(decoder, vocab, max_length, options)
   if mode == "score":
-    _score(decoder, vocab, pairs, options)
+    _score(translate, pairs)
     return
-  translate = Translator(decoder, vocab, max_length, options)
   if mode == "interactive":
     print("reading sentences from standard input, one a line; end with Ctrl-D",
           file=sys.stderr, flush=True)

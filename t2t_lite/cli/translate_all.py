@@ -1,8 +1,9 @@
 """t2t-lite-translate-all: the BLEU of every checkpoint of a run, as one TensorBoard curve.
 
-Each checkpoint `ckpt-N` of --output_dir (N: micro-batches trained on) translates --decode_from_file as
-t2t-lite-decoder does (the same Translator, --decode_hparams and vocabulary) and is scored
-against --reference as t2t-lite-bleu does (the same sacreBLEU function and --target_lang).
+Each checkpoint `ckpt-N` of --output_dir (N: micro-batches trained on) translates
+--decode_from_file as t2t-lite-decoder does (the same Translator, --decode_hparams and
+vocabulary) and is scored against --reference as t2t-lite-bleu does (the same sacreBLEU
+function and --target_lang).
 The score goes to OUTPUT_DIR/eval_bleu as the scalar `bleu` at the checkpoint's update (the
 Adam step it holds, the step of the trainer's train/ and eval/ summaries), so TensorBoard
 draws it beside them; stdout gets `ckpt-N (update U): BLEU X.XX`. A checkpoint saved in the
@@ -30,16 +31,15 @@ import time
 
 from absl import flags, logging
 
-from t2t_lite import files
+from t2t_lite import files, inference
 from t2t_lite.cli import bleu as bleu_cli  # noqa: F401  (its --reference and --target_lang)
 from t2t_lite.cli import common
-from t2t_lite.cli import decoder as decoder_cli
+from t2t_lite.cli import decoder as decoder_cli  # noqa: F401  (its flags, shared)
 from t2t_lite.errors import RunError, UsageError
 
 # The decoder's and the scorer's flags, with their meaning: --output_dir, --data_dir,
-# --problem, --hparams_set, --hparams, --decode_hparams (batch_size in it is the batch, in
-# source tokens), --decode_from_file; --reference, --target_lang. Defining them again would
-# clash when the modules share a process.
+# --problem, --hparams_set, --hparams, --decode_hparams, --decode_from_file; --reference,
+# --target_lang. Defining them again would clash when the modules share a process.
 SHARED_FLAGS = ("output_dir", "data_dir", "problem", "hparams_set", "hparams", "decode_hparams",
                 "decode_from_file", "reference", "target_lang")
 for _name in SHARED_FLAGS:
@@ -152,8 +152,8 @@ def check_flags():
   if len(sources) != len(references):
     raise UsageError(f"line counts differ: {FLAGS.decode_from_file} has {len(sources)} lines, "
                      f"{FLAGS.reference} has {len(references)}")
-  options = decoder_cli.decode_hparams(FLAGS.decode_hparams)
-  if options.return_beams:
+  options, given = inference.decode_options(FLAGS.decode_hparams)
+  if "return_beams" in given:
     raise UsageError("--decode_hparams: return_beams is not read here (BLEU scores the best "
                      "hypothesis); drop it")
   bleu_tokenizer(FLAGS.target_lang)  # a missing tokenizer is reported before any decoding
@@ -186,30 +186,21 @@ class Scorer:
   vocabulary are built once and each checkpoint's weights are restored into them, so the
   search is traced once."""
 
-  def __init__(self, tf, output_dir: str, options):
-    # As restore.load_model builds it, without restoring a checkpoint (see load_model).
-    from t2t_lite import decode, registry, rundir
-    self.tf = tf
-    hparams, meta, _ = rundir.resolve(FLAGS.hparams_set, FLAGS.hparams, output_dir,
-                                      allow_change=True)
-    if meta is None:
+  def __init__(self, output_dir: str, options):
+    from t2t_lite import rundir
+    if rundir.read_meta(output_dir) is None:
       raise UsageError(f"--output_dir={output_dir} holds no {rundir.META_FILE}; pass the "
                        "directory of a training run")
-    problem = registry.problem(FLAGS.problem or meta.get("problem") or "")
-    data_dir = FLAGS.data_dir or meta.get("data_dir")
-    common.require(data_dir, "data_dir", "data/multi30k_ende")
-    rundir.check_data(meta, problem, data_dir, output_dir)
-    vocab = problem.get_vocab(data_dir)
-    model = registry.model(hparams.model)(hparams, vocab.size)
-    search = decode.Decoder(model, hparams.max_length, options.extra_decode_length)
-    self.translate = decoder_cli.Translator(search, vocab, hparams.max_length, options)
-    self.hparams = hparams
-    self._checkpoint = tf.train.Checkpoint(model=model)
+    self.run = inference.build(output_dir, FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
+                               FLAGS.data_dir)
+    self.translate = self.run.translator(options)
     # what the curve decoded with, recorded beside it
-    self.scored_against = {"problem": problem.name, "data_dir": os.path.abspath(data_dir),
-                           "vocab_sha256": rundir.data_record_of(meta).get("vocab_sha256"),
-                           "hparams_set": meta.get("hparams_set"),
-                           "hparams": hparams.values()}
+    self.scored_against = {"problem": self.run.problem.name,
+                           "data_dir": os.path.abspath(self.run.data_dir),
+                           "vocab_sha256": rundir.data_record_of(self.run.meta)
+                           .get("vocab_sha256"),
+                           "hparams_set": self.run.meta.get("hparams_set"),
+                           "hparams": self.run.hparams.values()}
 
   def update_of(self, path: str) -> int:
     """The update a checkpoint records: Adam's step (skipped non-finite updates do not
@@ -222,8 +213,7 @@ class Scorer:
                      "checkpoints: average again)")
 
   def restore(self, path: str) -> None:
-    self._checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
-    logging.info("restored %s", path)
+    inference.restore(self.run.model, path)
 
 
 class Curve:
@@ -267,7 +257,7 @@ class Curve:
       name = os.path.basename(path)
       new += name not in self.seen
       if self.scorer is None:  # built for the first checkpoint (the run has started by then)
-        self.scorer = Scorer(self.tf, self.output_dir, self.options)
+        self.scorer = Scorer(self.output_dir, self.options)
         self.record.scored_against = self.scorer.scored_against
       # Only reading the checkpoint is guarded: a file deleted or cut short surfaces as many
       # error types (NotFoundError, DataLossError, IndexError, ...).

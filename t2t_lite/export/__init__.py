@@ -85,18 +85,15 @@ def read_info(export_dir: str, expected_format: str) -> dict:
 
 
 def export_hparams(spec: str, export_format: str):
-  """The decoding settings an export is built with; every key is used or refused."""
-  from t2t_lite.hparams import HParams
-  hparams = HParams(beam_size=4, alpha=0.6, return_beams=False, extra_decode_length=50)
-  hparams.parse(spec)
-  if hparams.beam_size < 1:
-    raise UsageError("--decode_hparams: beam_size must be at least 1")
-  if hparams.extra_decode_length < 0:
-    raise UsageError("--decode_hparams: extra_decode_length must be at least 0")
-  if hparams.return_beams and export_format != "saved_model":
+  """The decoding settings an export is built with (inference.DecodeOptions); every key
+  given is used or refused: batching is the serving side's choice."""
+  from t2t_lite.inference import decode_options
+  options, given = decode_options(
+      spec, ("beam_size", "alpha", "extra_decode_length", "return_beams"))
+  if "return_beams" in given and export_format != "saved_model":
     raise UsageError("--decode_hparams: return_beams is a SavedModel setting; CTranslate2 "
                      "returns n-best lists through its num_hypotheses option")
-  return hparams
+  return options
 
 
 def export_run(output_dir: str, export_dir: str, export_format: str = "saved_model",
@@ -104,16 +101,12 @@ def export_run(output_dir: str, export_dir: str, export_format: str = "saved_mod
                decode_hparams: str = "", quantization: str = "none") -> None:
   """Exports a run's checkpoint (the newest unless given) into export_dir, replacing what is
   there (t2t-lite-exporter refuses a non-empty export_dir without --overwrite first)."""
-  from t2t_lite.cli import common
-  from t2t_lite.restore import load_model
+  from t2t_lite import inference
   options = export_hparams(decode_hparams, export_format)
-  tf = common.import_tensorflow()
   # Resolved once: a save in the meantime must not make the record name another checkpoint.
-  checkpoint = checkpoint_path or (tf.train.latest_checkpoint(output_dir) if output_dir
-                                   else None)
-  if not checkpoint:
-    raise UsageError(f"no checkpoint found in {output_dir}; pass --checkpoint_path")
-  model, vocab, hparams = load_model(output_dir, checkpoint, None, "", None, data_dir)
+  checkpoint = inference.newest_checkpoint(output_dir, checkpoint_path)
+  run = inference.load(output_dir, checkpoint, data_dir=data_dir)
+  model, vocab, hparams = run.model, run.vocab, run.hparams
   # The vocabulary is read too: an export_dir holding it is refused like one holding the run.
   check_export_dir(export_dir, [output_dir, os.path.dirname(vocab.model_file)], True)
   if export_format == "ctranslate2":

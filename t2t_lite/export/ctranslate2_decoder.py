@@ -83,10 +83,11 @@ class Ctranslate2Decoder:
     return [nbest[0][0] for nbest in
             self.translate_nbest(sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]
 
-  def score(self, sources, targets, batch_tokens: int = 0) -> list[float]:
+  def score(self, sources, targets, batch_size: int = 0, batch_tokens: int = 0
+            ) -> list[float]:
     """Decoder.score through CTranslate2: log p(target | source), EOS included, in order."""
     results = [0.0] * len(sources)
-    for chunk in decode_batches(sources, self.max_length, 0, batch_tokens):
+    for chunk in decode_batches(sources, self.max_length, batch_size, batch_tokens):
       rows = [[self.pieces[t] for t in sources[i] if t != EOS_ID][:self.max_length - 1]
               for i in chunk]
       wanted = [[self.pieces[t] for t in targets[i] if t != EOS_ID] for i in chunk]

@@ -96,7 +96,7 @@ def build_spec(model, hparams, vocab_file: str):
   spec = transformer_spec.TransformerSpec(encoder, decoder)
 
   embedding = _numpy(model.embedding)
-  target_embedding = _numpy(model._target_table())
+  target_embedding = _numpy(model._target_table())  # noqa: SLF001 (the tied table, as is)
   positions = position_table(hparams.max_length + EXTRA_POSITIONS, hparams.hidden_size)
   encoder.embeddings[0].weight = embedding
   encoder.position_encodings.encodings = positions

@@ -19,6 +19,10 @@ class SeedStream:
     self._seed = None if seed is None else tf.cast(seed, tf.int64)
     self._site = 0
 
+  @property
+  def seeded(self) -> bool:
+    return self._seed is not None
+
   def next(self):
     # Folding the site into the (seed, micro-step) pair keeps every (micro-step, site)
     # distinct however long the run.
@@ -27,7 +31,7 @@ class SeedStream:
 
 
 def _active(rate: float, seeds: SeedStream | None) -> bool:
-  return seeds is not None and seeds._seed is not None and rate > 0.0
+  return seeds is not None and seeds.seeded and rate > 0.0
 
 
 def _threshold(rate: float) -> int:

@@ -1,6 +1,6 @@
 """Training speed and peak memory against fairseq, on the same data, model and CPU.
 
-python -m t2t_lite.bench_fairseq --fairseq_bin=/path/to/fairseq-venv/bin \
+python -m benchmarks.fairseq --fairseq_bin=/path/to/fairseq-venv/bin \
     [--data_dir=data/multi30k_ende] [--out_dir=bench_out] [--updates=100] [--rounds=1]
 
 fairseq is not a dependency of t2t-lite: point --fairseq_bin at the bin/ folder of an
@@ -21,12 +21,14 @@ PyTorch's own), to measure on this machine what a CPU with only that set would r
 instructions, not its clock, caches or memory. `avx2` stands for an AVX2-only CPU (default
 precision float32 there), `avx512_core_bf16` for one with AVX512-BF16 and no AMX.
 
-Writes out_dir/fairseq.json and out_dir/fairseq.md.
+Writes out_dir/fairseq.json and out_dir/fairseq.md, and puts the table, with the command, between
+the `make bench-fairseq` markers of docs/performance.md (not with --no_docs).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import contextlib
 import json
 import os
@@ -60,7 +62,7 @@ def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
   our special ids left out). Returns the counts written."""
   from t2t_lite import registry
   from t2t_lite.data import parse_example
-  from t2t_lite.cli.common import import_tensorflow
+  from t2t_lite.runtime import import_tensorflow
   from t2t_lite.problems.vocab import EOS_ID, PAD_ID
   import sentencepiece as spm
   tf = import_tensorflow()
@@ -258,6 +260,7 @@ def main(argv=None) -> None:
   parser.add_argument("--seed", type=int, default=1)
   parser.add_argument("--isa", default="native", choices=sorted(ISA_CEILINGS),
                       help="the instruction set both programs' kernels may use (see above)")
+  parser.add_argument("--no_docs", action="store_true", help="leave docs/performance.md")
   args = parser.parse_args(argv)
   try:
     ceiling = isa_environment(args.isa, _cpuinfo())
@@ -303,6 +306,12 @@ def main(argv=None) -> None:
   write_atomic(os.path.join(args.out_dir, "fairseq.json"), json.dumps(results, indent=1))
   write_atomic(os.path.join(args.out_dir, "fairseq.md"), markdown)
   print(markdown)
+  if not args.no_docs:
+    from benchmarks.common import PERFORMANCE_DOC, write_block
+    command = (f"`make bench-fairseq FAIRSEQ_ROUNDS={args.rounds} FAIRSEQ_ISA={args.isa}` "
+               f"on {datetime.date.today().isoformat()}, {results['cpu']}.")
+    if write_block("make bench-fairseq", f"Measured by {command}\n\n{markdown}"):
+      print(f"table written to {os.path.relpath(PERFORMANCE_DOC)}")
 
 
 if __name__ == "__main__":

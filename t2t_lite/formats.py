@@ -1,0 +1,73 @@
+"""Older formats, in one place. What a file written by an earlier t2t-lite lacks is filled in
+here, as it is read, or refused with what to do; the rest of the code sees the current
+format only.
+
+- Run records (`hparams.json`): runs from before the data record and the seed have `data`
+  and `random_seed` set to None (nothing to compare; the --random_seed flag applies).
+- Checkpoints of a training run: from before the update in progress was recorded
+  (`in_update`), it is derived from the micro-step counter (n was constant then); from
+  before layouts were recorded (`layout`), the layout is one replica with the recorded
+  accumulate steps; from before the shared data stream (one iterator per replica), only a
+  one-replica resume is possible.
+- The best model's record: `best/bleu.json` (before early stopping) reads as `best.json`
+  judged by dev BLEU.
+"""
+
+from __future__ import annotations
+
+import os
+
+from t2t_lite.errors import UsageError
+
+# Checkpoint objects that later versions added (see checkpoint_lacks).
+ADDED_TO_CHECKPOINTS = ("in_update", "layout")
+BEST_FILE = "best.json"
+OLDER_BEST_FILE = "bleu.json"
+
+
+def run_record(meta: dict | None) -> dict | None:
+  """The current form of a run record (None stays None: no run there)."""
+  if meta is None:
+    return None
+  return {"data": None, "random_seed": None, **meta}
+
+
+def checkpoint_lacks(path: str, names: set[str], replicas: int) -> set[str]:
+  """What of ADDED_TO_CHECKPOINTS the checkpoint at `path` (its top-level `names`) lacks;
+  a UsageError if it cannot continue on `replicas` replicas at all."""
+  if "layout" not in names and ("iterator_1" in names or replicas > 1):
+    raise UsageError(
+        f"checkpoint {path} was written by a t2t-lite whose replicas each read their own "
+        "data shard, which this version cannot continue on more than one replica; resume "
+        "it on one replica, or finish it with the version that wrote it")
+  return {name for name in ADDED_TO_CHECKPOINTS if name not in names}
+
+
+def upgrade_restored(learner, lacks: set[str], meta: dict | None, path: str) -> None:
+  """Fills in what a restored checkpoint lacked (`checkpoint_lacks`), on `learner`."""
+  steps = learner.accumulate_steps(int(learner.update_step.numpy()) + 1)
+  if "in_update" in lacks:  # n was constant: the position follows from the micro-steps
+    learner.in_update.assign(int(learner.micro_step.numpy()) % steps)
+  if "layout" in lacks:  # one replica, with the accumulate steps the run recorded
+    hparams = (meta or {}).get("hparams", {})
+    recorded = hparams.get("optimizer_multistep_accumulate_steps")
+    if recorded is not None and not hparams.get("effective_batch_tokens") and recorded != steps:
+      raise UsageError(
+          f"checkpoint {path} predates recorded layouts and was trained with "
+          f"optimizer_multistep_accumulate_steps={recorded}; resume it with that value")
+    learner.layout.assign([1, steps])
+  learner.forget_host_counters()
+
+
+def best_record(best_dir: str, read_json) -> dict | None:
+  """The best model's record in `best_dir` in the current form, or None if there is none;
+  `read_json(path)` reads (and checks) a JSON file."""
+  path = os.path.join(best_dir, BEST_FILE)
+  if os.path.isfile(path):
+    return read_json(path)
+  older = os.path.join(best_dir, OLDER_BEST_FILE)
+  if not os.path.isfile(older):
+    return None
+  kept = read_json(older)  # written before early stopping: the best by dev BLEU
+  return {"metric": "dev_bleu", "value": kept["bleu"], "update": kept["update"],
+          "improved_at": kept["update"], "checkpoint": kept.get("checkpoint")}

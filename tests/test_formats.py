@@ -1,0 +1,100 @@
+"""Older formats are upgraded in one place (t2t_lite/formats.py) as they are read."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import tiny_hparams
+from t2t_lite import formats, rundir
+from t2t_lite.errors import UsageError
+from t2t_lite.learner import Learner
+
+VOCAB = 40
+
+
+def _batch(seed):
+  rng = np.random.RandomState(seed)
+  return {name: tf.constant(rng.randint(3, VOCAB, size=(3, 5)), tf.int32)
+          for name in ("inputs", "targets")}
+
+
+def _older_checkpoint(tmp_path, micro_steps, steps=2):
+  """A checkpoint as a version before `in_update` and `layout` wrote it, `micro_steps`
+  micro-steps into a run with n = `steps`; and the learner that wrote it."""
+  learner = Learner(tiny_hparams(), VOCAB, steps, seed=2)
+  for i in range(micro_steps):
+    learner.step(_batch(i))
+  objects = {k: v for k, v in learner.trackables().items()
+             if k not in formats.ADDED_TO_CHECKPOINTS}
+  path = tf.train.Checkpoint(**objects).write(str(tmp_path / "ckpt-1"))
+  return path, learner
+
+
+def _restored(path, steps=2):
+  learner = Learner(tiny_hparams(), VOCAB, steps, seed=2)
+  names = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+  lacks = formats.checkpoint_lacks(path, names, replicas=1)
+  tf.train.Checkpoint(**{k: v for k, v in learner.trackables().items() if k not in lacks}
+                      ).read(path).assert_existing_objects_matched()
+  return learner, lacks
+
+
+def test_a_checkpoint_from_before_in_update_and_layout_resumes_mid_update(tmp_path):
+  path, old = _older_checkpoint(tmp_path, micro_steps=5)  # 2 updates and 1 of 2 micro-steps
+  learner, lacks = _restored(path)
+  assert lacks == {"in_update", "layout"}
+  meta = {"hparams": {"optimizer_multistep_accumulate_steps": 2}}
+  formats.upgrade_restored(learner, lacks, meta, path)
+  assert int(learner.in_update.numpy()) == 1 and learner.position() == 1
+  assert learner.layout.numpy().tolist() == [1, 2]
+  # The next micro-step completes the update, as it would have in the run that wrote it.
+  old_stats, new_stats = old.step(_batch(5)), learner.step(_batch(5))
+  assert old_stats is not None and new_stats is not None
+  assert int(learner.update_step.numpy()) == int(old.update_step.numpy()) == 3
+  for a, b in zip(old.variables, learner.variables):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
+
+
+def test_an_older_checkpoint_on_other_accumulate_steps_is_refused_with_the_value(tmp_path):
+  path, _ = _older_checkpoint(tmp_path, micro_steps=4, steps=4)
+  learner, lacks = _restored(path, steps=2)
+  with pytest.raises(UsageError, match=r"predates recorded layouts and was trained with "
+                     r"optimizer_multistep_accumulate_steps=4; resume it with that value"):
+    formats.upgrade_restored(learner, lacks,
+                             {"hparams": {"optimizer_multistep_accumulate_steps": 4}}, path)
+
+
+def test_per_replica_data_shards_cannot_continue_on_more_replicas():
+  with pytest.raises(UsageError, match="each read their own data shard"):
+    formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0", "iterator_1"}, 1)
+  with pytest.raises(UsageError, match="each read their own data shard"):
+    formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0"}, 2)
+  assert formats.checkpoint_lacks("run/ckpt-3", {"model", "layout", "in_update"}, 2) == set()
+
+
+def test_a_run_record_from_before_the_data_record_reads_as_not_recorded(tmp_path):
+  (tmp_path / rundir.META_FILE).write_text(json.dumps(
+      {"hparams_set": "transformer_tiny", "hparams": {}, "data_dir": "data/x"}))
+  meta = rundir.read_meta(str(tmp_path))
+  assert meta["data"] is None and meta["random_seed"] is None
+  assert meta["data_dir"] == "data/x"
+  assert formats.run_record(None) is None
+  current = {"data": {"problem": "p"}, "random_seed": 7}
+  assert formats.run_record(current) == current
+
+
+def test_a_best_model_record_from_before_early_stopping_reads_as_best_by_dev_bleu(tmp_path):
+  best = tmp_path / "best"
+  best.mkdir()
+  assert formats.best_record(str(best), lambda p: json.load(open(p))) is None
+  (best / formats.OLDER_BEST_FILE).write_text(json.dumps(
+      {"bleu": 31.5, "update": 400, "checkpoint": "best/ckpt-800"}))
+  assert formats.best_record(str(best), lambda p: json.load(open(p))) == {
+      "metric": "dev_bleu", "value": 31.5, "update": 400, "improved_at": 400,
+      "checkpoint": "best/ckpt-800"}
+  (best / formats.BEST_FILE).write_text(json.dumps({"metric": "dev_loss", "value": 1.5}))
+  assert formats.best_record(str(best), lambda p: json.load(open(p)))["metric"] == "dev_loss"
+  assert os.path.isfile(best / formats.OLDER_BEST_FILE)  # read, never removed
