@@ -11,7 +11,10 @@
             non-finite guard and the loss scale can be tested on real runs;
   export:written  SIGKILL once an export is complete in its temporary directory, just
             before it is renamed into place.
-Production code always calls `loss`, `after_micro_step`, `save` and `export_written`;
+  datagen:written  SIGKILL once a datagen's files are all written, just before its
+            manifest is renamed into place.
+Production code always calls `loss`, `after_micro_step`, `save`, `export_written` and
+`datagen_written`;
 without the variable they are the plain versions, so no code path branches on faults (`loss`
 is applied when the step is traced: without a nan fault the traced graph is unchanged).
 """
@@ -40,6 +43,10 @@ class NoFaults:
 
   def export_written(self) -> None:
     """Called when an export is complete, before it is renamed into place."""
+
+  def datagen_written(self) -> None:
+    """Called when a datagen's files are written, before its manifest is renamed into
+    place."""
 
 
 class InjectedFault(NoFaults):
@@ -78,17 +85,21 @@ class InjectedFault(NoFaults):
     if self.kind == "export":
       os.kill(os.getpid(), signal.SIGKILL)
 
+  def datagen_written(self) -> None:
+    if self.kind == "datagen":
+      os.kill(os.getpid(), signal.SIGKILL)
+
 
 def from_environment() -> NoFaults:
   spec = os.environ.get(ENV, "")
   if not spec:
     return NoFaults()
-  if spec == "export:written":
-    return InjectedFault("export", 0)
+  if spec in ("export:written", "datagen:written"):
+    return InjectedFault(spec.split(":")[0], 0)
   kind, _, at = spec.partition(":")
   if kind == "nan" and at and all(step.isdigit() for step in at.split(",")):
     return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
   if kind not in ("micro", "save", "signal", "nospace", "raise") or not at.isdigit():
     raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nospace:K, "
-                     "raise:K, nan:K,L,... or export:written")
+                     "raise:K, nan:K,L,..., export:written or datagen:written")
   return InjectedFault(kind, int(at))

@@ -9,6 +9,8 @@ format only.
   before layouts were recorded (`layout`), the layout is one replica with the recorded
   accumulate steps; from before the shared data stream (one iterator per replica), only a
   one-replica resume is possible.
+- Datagen manifests: data made before each datagen wrote into a folder of its own has its
+  files in the data directory itself (`dir` is "").
 - The best model's record: `best/bleu.json` (before early stopping) reads as `best.json`
   judged by dev BLEU.
 """
@@ -30,6 +32,11 @@ def run_record(meta: dict | None) -> dict | None:
   if meta is None:
     return None
   return {"data": None, "random_seed": None, **meta}
+
+
+def data_manifest(manifest: dict) -> dict:
+  """The current form of a datagen manifest: `dir`, the folder of its files."""
+  return {"dir": "", **manifest}
 
 
 def checkpoint_lacks(path: str, names: set[str], replicas: int) -> set[str]:

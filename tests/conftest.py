@@ -47,6 +47,12 @@ def multi30k_data(tmp_path_factory) -> str:
   return data_dir
 
 
+def vocab_path(data_dir) -> str:
+  """The vocabulary file of Multi30k en-de data in `data_dir`, as its manifest places it."""
+  from t2t_lite import registry
+  return registry.problem("translate_ende_multi30k").vocab_file(str(data_dir))
+
+
 def tiny_hparams(**overrides):
   """transformer_tiny with test-friendly batches; pass dropout etc. as overrides."""
   from t2t_lite import registry

@@ -156,7 +156,8 @@ def _assert_usage_error(result, *fragments, out_dir=None):
     assert fragment in result.stderr
   assert "Traceback" not in result.stderr
   if out_dir is not None and out_dir.exists():
-    assert not [f for f in os.listdir(out_dir) if "manifest" in f or ".tmp" in f]
+    assert not [f for f in os.listdir(out_dir)
+                if "manifest" in f or ".tmp" in f or ".data-" in f]
 
 
 def test_line_count_mismatch_names_both_files(tmp_path):
@@ -271,52 +272,96 @@ def test_interrupted_datagen_is_redone(tmp_path):
   _corpus(raw)
   assert _datagen(tmp_path, raw).returncode == 0
   out = tmp_path / "out"
-  shard = sorted(out.glob("translate_folder-train-*"))[0]
-  shard.write_bytes(shard.read_bytes()[:100])  # a half-written file
+  problem = registry.problem("translate_folder")
+  shard = problem.data_files(str(out), "train")[0]
+  with open(shard, "r+b") as f:
+    f.truncate(100)  # a half-written file
   result = _datagen(tmp_path, raw)
   assert result.returncode == 0 and "nothing to do" not in result.stdout
-  problem = registry.problem("translate_folder")
   manifest = problem.manifest(str(out))
+  shard = problem.data_files(str(out), "train")[0]
   assert os.path.getsize(shard) == manifest["splits"]["train"]["bytes"][0] > 100
   os.remove(out / "translate_folder.manifest.json")  # died before the manifest
   assert "nothing to do" not in _datagen(tmp_path, raw).stdout
 
 
 def _digests(folder):
+  """sha256 of every file under `folder`, by path relative to it."""
   import hashlib
-  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_datagen_never_replaces_other_data_unasked_nor_in_place(tmp_path):
   """Data of other inputs or settings in --data_dir is refused (exit 2, saying what differs)
-  and left whole; --overwrite replaces it, building the new files beside the old ones (a
-  datagen killed before the end leaves the old data whole, its staging files removed by the
-  next run); a shard changed afterwards is refused by the trainer."""
+  and left whole; --overwrite replaces it in one rename: the new files are written to a
+  folder of their own, and a datagen killed just before the manifest's rename leaves the old
+  data whole and readable; the next datagen removes what the killed one left, replaces the
+  data and then removes the old files. A shard changed afterwards is refused."""
   raw, out = tmp_path / "raw", tmp_path / "out"
   _corpus(raw)
+  problem = registry.problem("translate_folder")
   assert _datagen(tmp_path, raw).returncode == 0
   before = _digests(out)
-  other = cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={out}",
-              f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de", "--vocab_size=280")
+  old_folder = problem.manifest(str(out))["dir"]
+  assert old_folder.startswith("translate_folder.data-") and (out / old_folder).is_dir()
+  asked = ["t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={out}",
+           f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de", "--vocab_size=280"]
+  other = cli(*asked)
   _assert_usage_error(other, "holds translate_folder data made from other inputs or settings",
                       "vocab_size 300 -> 280", "write the new data to another --data_dir",
                       "--overwrite")
   assert _digests(out) == before
-  stale = out / "translate_folder.vocab.model.new-999999999"  # of a killed datagen
+  killed = cli(*asked, "--overwrite", env=dict(os.environ, T2T_LITE_FAULT="datagen:written"))
+  assert killed.returncode == -9, killed.stderr[-2000:]
+  assert {k: v for k, v in _digests(out).items() if k in before} == before
+  assert problem.manifest(str(out))["settings"]["vocab_size"] == 300  # the old data, whole
+  problem.data_files(str(out), "train")
+  orphans = [p.name for p in out.iterdir() if p.is_dir() and p.name != old_folder]
+  assert len(orphans) == 1 and orphans[0].startswith("translate_folder.data-")
+  stale = out / "translate_folder.manifest.json.tmp-999999999"  # a temporary of a killed run
   stale.write_bytes(b"partial")
+  replaced = cli(*asked, "--overwrite")
+  assert replaced.returncode == 0, replaced.stderr
+  manifest = problem.manifest(str(out))
+  assert manifest["settings"]["vocab_size"] == 280
+  assert sorted(p.name for p in out.iterdir()) == sorted([manifest["dir"],
+                                                          "translate_folder.manifest.json"])
+  assert manifest["dir"] not in (old_folder, orphans[0])
+  vocab = f"{manifest['dir']}/translate_folder.vocab.model"
+  assert _digests(out)[vocab] != before[f"{old_folder}/translate_folder.vocab.model"]
+  shard = problem.data_files(str(out), "train")[0]
+  with open(shard, "ab") as f:
+    f.write(b"x")
+  with pytest.raises(UsageError, match="bytes, the manifest says .* changed after datagen"):
+    problem.data_files(str(out), "train")
+
+
+def test_data_made_before_datagen_folders_is_read_and_replaced_whole(tmp_path):
+  """A data directory whose files sit in it directly (no folder in the manifest) is read as
+  before; a datagen that replaces it removes those files after the new manifest is in."""
+  raw, out = tmp_path / "raw", tmp_path / "out"
+  _corpus(raw)
+  problem = registry.problem("translate_folder")
+  assert _datagen(tmp_path, raw).returncode == 0
+  manifest = problem.manifest(str(out))
+  for path in (out / manifest["dir"]).iterdir():  # the layout of earlier versions
+    path.rename(out / path.name)
+  (out / manifest["dir"]).rmdir()
+  path = out / "translate_folder.manifest.json"
+  older = json.loads(path.read_text())
+  del older["dir"]
+  path.write_text(json.dumps(older))
+  assert problem.data_files(str(out), "train")[0].startswith(str(out / "translate_folder-train"))
+  assert problem.vocab_file(str(out)) == str(out / "translate_folder.vocab.model")
+  assert "nothing to do" in _datagen(tmp_path, raw).stdout  # up to date, left as it is
   replaced = cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={out}",
                  f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de",
                  "--vocab_size=280", "--overwrite")
   assert replaced.returncode == 0, replaced.stderr
-  assert not stale.exists() and not [p for p in out.iterdir() if ".new-" in p.name]
-  manifest = registry.problem("translate_folder").manifest(str(out))
-  assert manifest["settings"]["vocab_size"] == 280
-  assert _digests(out)["translate_folder.vocab.model"] != before["translate_folder.vocab.model"]
-  shard = out / manifest["splits"]["train"]["files"][0]
-  shard.write_bytes(shard.read_bytes() + b"x")
-  problem = registry.problem("translate_folder")
-  with pytest.raises(UsageError, match="bytes, the manifest says .* changed after datagen"):
-    problem.data_files(str(out), "train")
+  new = problem.manifest(str(out))
+  assert sorted(p.name for p in out.iterdir()) == sorted([new["dir"],
+                                                          "translate_folder.manifest.json"])
 
 
 def test_batch_size_smaller_than_max_length_is_refused():

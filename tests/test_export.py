@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, cli, multi30k_dir, tiny_hparams
+from conftest import BIN, cli, multi30k_dir, tiny_hparams, vocab_path
 from t2t_lite import export, metrics, registry, rundir
 from t2t_lite.export import ctranslate2_decoder, ctranslate2_model
 from t2t_lite.problems.vocab import SubwordVocab
@@ -75,7 +75,7 @@ def exported(tiny_run, source, tmp_path_factory):
   shutil.copytree(tiny_run["output_dir"], run)
   os.makedirs(data)
   vocab_name = "translate_ende_multi30k.vocab.model"
-  shutil.copy(os.path.join(tiny_run["data_dir"], vocab_name), data / vocab_name)
+  shutil.copy(vocab_path(tiny_run["data_dir"]), data / vocab_name)
   meta = rundir.read_meta(str(run))
   meta["data_dir"] = str(data)
   rundir.write_meta(str(run), meta)
@@ -143,7 +143,7 @@ print(json.dumps(result))
 def served(exported, source, tiny_run):
   """The SavedModels' answers, from a process that imports only tensorflow(_text): the lines
   as strings, and as ids (two extra padding columns, which must not matter)."""
-  vocab = SubwordVocab(os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model"))
+  vocab = SubwordVocab(vocab_path(tiny_run["data_dir"]))
   rows = [vocab.encode(line.strip()) for line in source["lines"]]
   width = max(len(r) for r in rows) + 2
   ids = [r + [0] * (width - len(r)) for r in rows]
@@ -180,7 +180,7 @@ def test_saved_model_return_beams_nbest_and_empty_lines(served, source):
 
 
 def test_saved_model_translate_ids_matches_strings(served, source, tiny_run):
-  vocab = SubwordVocab(os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model"))
+  vocab = SubwordVocab(vocab_path(tiny_run["data_dir"]))
   for name in ("sm_greedy", "sm_beam"):
     answer = served[name]
     ids, scores = np.array(answer["ids"]), np.array(answer["ids_scores"])
@@ -224,7 +224,7 @@ def test_saved_model_cli_shows_and_runs_the_exports(exported, served, tmp_path):
 
 
 def test_ctranslate2_greedy_ids_and_bleu_match_ours(exported, served, source, tiny_run):
-  vocab = SubwordVocab(os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model"))
+  vocab = SubwordVocab(vocab_path(tiny_run["data_dir"]))
   lines = [i for i, line in enumerate(source["lines"]) if line.strip()]
   # Our greedy ids: the SavedModel's translate_ids (our search), all lines in one batch.
   ours = [[t for t in served["sm_greedy"]["ids"][i] if t] for i in lines]
@@ -258,7 +258,7 @@ def test_ctranslate2_scores_every_token_as_ours(norm, tiny_run, tmp_path):
   """The converted weights give our log-probabilities to 1e-4 on real sentence pairs, for the
   pre-norm model (trained) and the post-norm one (random: the mapping is what is tested)."""
   import ctranslate2
-  vocab_file = os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model")
+  vocab_file = vocab_path(tiny_run["data_dir"])
   vocab = SubwordVocab(vocab_file)
   if norm == "pre_norm":
     from t2t_lite import inference

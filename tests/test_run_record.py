@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import TINY_FLAGS, cli
+from conftest import TINY_FLAGS, cli, vocab_path
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def other_vocabulary(tiny_run, tmp_path):
   """A copy of the run's data whose vocabulary file differs (in content, not in size)."""
   data_dir = str(tmp_path / "other_data")
   shutil.copytree(tiny_run["data_dir"], data_dir)
-  vocab = os.path.join(data_dir, "translate_ende_multi30k.vocab.model")
+  vocab = vocab_path(data_dir)
   with open(vocab, "ab") as f:
     f.write(b"\n")
   return data_dir
@@ -40,7 +40,7 @@ def test_the_run_records_problem_languages_vocabulary_and_seed(tiny_run):
   import hashlib
   with open(os.path.join(tiny_run["output_dir"], "hparams.json")) as f:
     meta = json.load(f)
-  with open(os.path.join(tiny_run["data_dir"], "translate_ende_multi30k.vocab.model"),
+  with open(vocab_path(tiny_run["data_dir"]),
             "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   assert meta["data"] == {"problem": "translate_ende_multi30k", "source_lang": "en",

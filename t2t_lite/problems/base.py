@@ -1,13 +1,16 @@
 """A translation problem: raw parallel text -> joint sentencepiece vocab -> TFRecord shards.
 
 Files in `data_dir`, all named after the problem:
-  <problem>.vocab.model                      the sentencepiece model
-  <problem>-<split>-<i>-of-<n>.tfrecord      tf.train.Example: inputs, targets; train
-                                             shuffled, dev and test in input order (+ raw text)
-  <problem>.manifest.json                    written last; counts, drops, checksums
+  <problem>.manifest.json                    counts, drops, checksums, and the folder below
+  <problem>.data-<time>-<pid>/               one datagen's files:
+    <problem>.vocab.model                      the sentencepiece model
+    <problem>-<split>-<i>-of-<n>.tfrecord      tf.train.Example: inputs, targets; train
+                                               shuffled, dev and test in input order (+ raw)
 
-Every file is written under a temporary name and renamed, and the manifest comes last, so
-a run that dies midway leaves no file that a later run could mistake for finished work.
+A datagen writes its files into a folder of its own that nothing reads yet, then writes the
+manifest naming it under a temporary name and renames it into place: that one rename makes
+the new data visible, whole, and only then is the previous data removed. A datagen that
+dies midway leaves the old data whole and a folder that the next datagen removes.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ import gzip
 import hashlib
 import json
 import os
+import re
+import shutil
+import time
 from typing import Callable, Iterable, Iterator
 
 from absl import logging
 
+from t2t_lite import faults, formats
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
@@ -30,20 +37,32 @@ SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
-def _remove_stale_temporaries(data_dir: str) -> None:
-  """Staging and temporary files of a datagen that was killed (its process is gone)."""
-  import re
+def _process_gone(pid: int) -> bool:
+  if pid == os.getpid():
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  except PermissionError:
+    pass
+  return False
+
+
+def _remove_stale_temporaries(data_dir: str, problem: str, current: str | None) -> None:
+  """What a datagen that was killed left (its process is gone): temporary files, and folders
+  of `problem` that the manifest does not name (`current` is the one it names)."""
   for name in os.listdir(data_dir):
+    path = os.path.join(data_dir, name)
     found = re.search(r"\.(?:new|tmp)-(\d+)$", name)
-    if not found or int(found.group(1)) == os.getpid():
-      continue
-    try:
-      os.kill(int(found.group(1)), 0)
-    except ProcessLookupError:
-      os.remove(os.path.join(data_dir, name))
+    if found and _process_gone(int(found.group(1))):
+      os.remove(path)
       logging.info("removed %s, left by a datagen that was stopped", name)
-    except PermissionError:
-      pass
+      continue
+    found = re.fullmatch(re.escape(problem) + r"\.data-\d+-(\d+)", name)
+    if found and name != current and os.path.isdir(path) and _process_gone(int(found.group(1))):
+      shutil.rmtree(path)
+      logging.info("removed %s, left by a datagen that was stopped", name)
 
 
 class RawSplit:
@@ -163,14 +182,28 @@ class TranslateProblem(abc.ABC):
       raise UsageError(f"problem {self.name} takes no {', '.join('--' + n for n in given)}")
 
   # --- files -------------------------------------------------------------------------
-  def vocab_file(self, data_dir: str) -> str:
-    return os.path.join(data_dir, f"{self.name}.vocab.model")
-
   def manifest_file(self, data_dir: str) -> str:
     return os.path.join(data_dir, f"{self.name}.manifest.json")
 
-  def shard_files(self, data_dir: str, split: str, num_shards: int) -> list[str]:
-    return [os.path.join(data_dir, f"{self.name}-{split}-{i:05d}-of-{num_shards:05d}.tfrecord")
+  def _read_manifest(self, data_dir: str) -> dict | None:
+    """The manifest in its current form (formats.data_manifest), or None if there is none
+    or it is unreadable (an interrupted or foreign datagen)."""
+    try:
+      with open(self.manifest_file(data_dir)) as f:
+        return formats.data_manifest(json.load(f))
+    except (OSError, ValueError, TypeError):
+      return None
+
+  def files_dir(self, data_dir: str, manifest: dict | None = None) -> str:
+    """The folder of the data's files, as the manifest names it."""
+    manifest = manifest if manifest is not None else self._read_manifest(data_dir)
+    return os.path.join(data_dir, manifest["dir"]) if manifest else data_dir
+
+  def vocab_file(self, data_dir: str, manifest: dict | None = None) -> str:
+    return os.path.join(self.files_dir(data_dir, manifest), f"{self.name}.vocab.model")
+
+  def shard_names(self, split: str, num_shards: int) -> list[str]:
+    return [f"{self.name}-{split}-{i:05d}-of-{num_shards:05d}.tfrecord"
             for i in range(num_shards)]
 
   def manifest(self, data_dir: str) -> dict:
@@ -180,14 +213,16 @@ class TranslateProblem(abc.ABC):
                        f"({os.path.basename(path)} is missing); run t2t-lite-datagen "
                        f"--problem={self.name} --data_dir={data_dir} --tmp_dir=<raw data>")
     with open(path) as f:
-      return json.load(f)
+      return formats.data_manifest(json.load(f))
 
   def data_files(self, data_dir: str, split: str) -> list[str]:
     """The TFRecord shards of `split`, checked against the manifest (names and sizes)."""
-    info = self.manifest(data_dir)["splits"].get(split)
+    manifest = self.manifest(data_dir)
+    info = manifest["splits"].get(split)
     if info is None:
       raise UsageError(f"problem {self.name} has no '{split}' split in {data_dir}")
-    files = [os.path.join(data_dir, name) for name in info["files"]]
+    folder = self.files_dir(data_dir, manifest)
+    files = [os.path.join(folder, name) for name in info["files"]]
     sizes = info.get("bytes") or [None] * len(files)
     for path, size in zip(files, sizes):
       if not os.path.isfile(path):
@@ -223,25 +258,20 @@ class TranslateProblem(abc.ABC):
             "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION}
 
   def _up_to_date(self, data_dir: str, inputs: dict) -> bool:
-    path = self.manifest_file(data_dir)
-    if not os.path.isfile(path):
-      return False
-    try:
-      with open(path) as f:
-        old = json.load(f)
-    except (OSError, ValueError):
+    old = self._read_manifest(data_dir)
+    if old is None:
       return False
     if (old.get("inputs") != inputs or old.get("settings") != self._settings()
         or old.get("problem") != self.name):
       return False
-    vocab_path = self.vocab_file(data_dir)
+    vocab_path = self.vocab_file(data_dir, old)
     if not os.path.isfile(vocab_path) or file_sha256(vocab_path) != old.get("vocab", {}).get(
         "sha256"):
       return False
     try:
       for split in old["splits"].values():
         for name, size in zip(split["files"], split["bytes"], strict=True):
-          path = os.path.join(data_dir, name)
+          path = os.path.join(self.files_dir(data_dir, old), name)
           if not os.path.isfile(path) or os.path.getsize(path) != size:
             return False
     except (KeyError, TypeError, ValueError):  # a manifest of another version: redo
@@ -251,13 +281,9 @@ class TranslateProblem(abc.ABC):
   def _refuse_other_data(self, data_dir: str, inputs: dict, overwrite: bool) -> None:
     """A data directory holding this problem's data made from other inputs or settings is
     not replaced unasked: runs trained on it would read the new data."""
-    try:
-      with open(self.manifest_file(data_dir)) as f:
-        old = json.load(f)
-    except (OSError, ValueError):
+    old = self._read_manifest(data_dir)
+    if old is None or overwrite:
       return  # no finished data here (none, or an interrupted datagen): nothing to keep
-    if overwrite:
-      return
     differ = []
     if old.get("inputs") != inputs:
       differ.append("inputs")
@@ -281,11 +307,10 @@ class TranslateProblem(abc.ABC):
     then written in input order, which decoding and BLEU rely on. Returns the manifest, with
     "skipped": True when nothing had to be done.
 
-    The new files are written under staging names beside the old ones; only once all are
-    complete is the old manifest removed, the files renamed into place and the new manifest
-    written, so a killed datagen leaves the old data whole (or, killed among the renames, no
-    manifest: data that no run accepts). Data made from other inputs or settings is replaced
-    only with `overwrite`.
+    The new files go to a folder of their own beside the old data; once all are complete,
+    one rename of the new manifest (which names that folder) replaces the old data, whose
+    files are removed after it. A killed datagen leaves the old data whole. Data made from
+    other inputs or settings is replaced only with `overwrite`.
     """
     os.makedirs(data_dir, exist_ok=True)
     if not os.access(data_dir, os.W_OK):
@@ -296,8 +321,8 @@ class TranslateProblem(abc.ABC):
       manifest["skipped"] = True
       return manifest
     self._refuse_other_data(data_dir, inputs, overwrite)
-    _remove_stale_temporaries(data_dir)
-    staged = {}  # final path -> staging path
+    old = self._read_manifest(data_dir)
+    _remove_stale_temporaries(data_dir, self.name, old and old["dir"])
     raw = {split: self.read_raw(split, tmp_dir) for split in SPLITS}
     for split in ("dev", "test"):  # small: a bad line there stops datagen before the long part
       for _ in raw[split]:
@@ -312,50 +337,62 @@ class TranslateProblem(abc.ABC):
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
     del sample
+    folder = f"{self.name}.data-{int(time.time())}-{os.getpid()}"
+    os.makedirs(os.path.join(data_dir, folder))  # nothing reads it until the manifest says so
     try:
-      return self._write_staged(data_dir, inputs, raw, model_bytes, staged)
-    except BaseException:  # a failed datagen leaves the old data as it was, and no staging
-      for path in staged.values():
-        if os.path.exists(path):
-          os.remove(path)
+      manifest = self._write_files(data_dir, folder, inputs, raw, model_bytes)
+      faults.from_environment().datagen_written()
+      # The one rename that replaces the old data with the new.
+      write_atomic(self.manifest_file(data_dir),
+                   json.dumps(manifest, indent=2, sort_keys=True).encode())
+    except BaseException:  # a failed datagen leaves the old data as it was
+      shutil.rmtree(os.path.join(data_dir, folder), ignore_errors=True)
       raise
+    if old is not None:
+      self._remove_data(data_dir, old)
+    manifest["skipped"] = False
+    return formats.data_manifest(manifest)
 
-  def _write_staged(self, data_dir: str, inputs: dict, raw: dict, model_bytes: bytes,
-                    staged: dict) -> dict:
-    """Writes the vocabulary and shards under staging names (recorded in `staged`), then
-    puts them in place, the manifest last (see generate_data)."""
-    stage = lambda path: staged.setdefault(path, f"{path}.new-{os.getpid()}")  # noqa: E731
-    write_atomic(stage(self.vocab_file(data_dir)), model_bytes)
-    vocab = vocab_lib.SubwordVocab(staged[self.vocab_file(data_dir)])
-
+  def _write_files(self, data_dir: str, folder: str, inputs: dict, raw: dict,
+                   model_bytes: bytes) -> dict:
+    """Writes the vocabulary and shards into data_dir/folder; returns the manifest."""
+    manifest = {"problem": self.name, "dir": folder}
+    write_atomic(self.vocab_file(data_dir, manifest), model_bytes)
+    vocab = vocab_lib.SubwordVocab(self.vocab_file(data_dir, manifest))
+    at = lambda name: os.path.join(data_dir, folder, name)  # noqa: E731
     splits = {}
     for split, data in raw.items():
       expected = data.kept
       if split == "train":
-        files = self.shard_files(data_dir, split, self.num_train_shards)
-        written = shards_lib.write_shuffled(vocab, data, [stage(p) for p in files], expected,
+        names = self.shard_names(split, self.num_train_shards)
+        written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
                                             self.datagen_seed)
       else:
-        files = self.shard_files(data_dir, split, 1)
-        written = shards_lib.write_in_order(vocab, data, stage(files[0]))
+        names = self.shard_names(split, 1)
+        written = shards_lib.write_in_order(vocab, data, at(names[0]))
       if written != expected:
         raise RunError(f"the {split} split of {self.name} changed while datagen read it "
                        f"({expected} pairs, then {written}; {data.source}); run datagen again")
       splits[split] = {"read": data.read, "kept": data.kept, "dropped": data.dropped,
-                       "source": data.source, "files": [os.path.basename(p) for p in files],
-                       "bytes": [os.path.getsize(staged[p]) for p in files]}
-    manifest = {"problem": self.name, "inputs": inputs, "settings": self._settings(),
-                "vocab": {"file": os.path.basename(self.vocab_file(data_dir)),
-                          "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
-                "splits": splits}
-    if os.path.exists(self.manifest_file(data_dir)):
-      os.remove(self.manifest_file(data_dir))  # the old data stops being valid here
-    for final, staging in staged.items():
-      os.replace(staging, final)
-    write_atomic(self.manifest_file(data_dir),
-                 json.dumps(manifest, indent=2, sort_keys=True).encode())
-    manifest["skipped"] = False
-    return manifest
+                       "source": data.source, "files": names,
+                       "bytes": [os.path.getsize(at(n)) for n in names]}
+    return {**manifest, "inputs": inputs, "settings": self._settings(),
+            "vocab": {"file": os.path.basename(self.vocab_file(data_dir, manifest)),
+                      "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
+            "splits": splits}
+
+  def _remove_data(self, data_dir: str, manifest: dict) -> None:
+    """The files of replaced data: its folder, or (data made before folders) the files its
+    manifest lists in data_dir itself."""
+    if manifest["dir"]:
+      shutil.rmtree(os.path.join(data_dir, manifest["dir"]), ignore_errors=True)
+      return
+    names = [self.vocab_file("", manifest)] + [
+        name for split in manifest.get("splits", {}).values() for name in split.get("files", [])]
+    for name in names:
+      path = os.path.join(data_dir, os.path.basename(name))
+      if os.path.isfile(path):
+        os.remove(path)
 
   def _check_read(self, split: str, data: RawSplit) -> None:
     if not data.kept:
