@@ -86,7 +86,7 @@ def exported(tiny_run, source, tmp_path_factory):
   started = [
       _start("t2t-lite-exporter", f"--output_dir={run}", f"--export_dir={dirs['sm_beam']}",
              "--decode_hparams=beam_size=4,alpha=0.6,return_beams=true"),
-      # One batch (of source tokens) holds every line, as one SavedModel call does.
+      # One batch holds every line, as one SavedModel call does.
       _start("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}", *decode_args,
              "--decode_hparams=beam_size=1,batch_size=100000",
              f"--decode_to_file={out['tf_greedy']}"),
