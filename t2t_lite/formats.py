@@ -11,6 +11,8 @@ format only.
   one-replica resume is possible.
 - Datagen manifests: data made before each datagen wrote into a folder of its own has its
   files in the data directory itself (`dir` is "").
+- Averaged checkpoints made before averages recorded their update are refused (average
+  again).
 - The best model's record: `best/bleu.json` (before early stopping) reads as `best.json`
   judged by dev BLEU.
 """
@@ -64,6 +66,17 @@ def upgrade_restored(learner, lacks: set[str], meta: dict | None, path: str) -> 
           f"optimizer_multistep_accumulate_steps={recorded}; resume it with that value")
     learner.layout.assign([1, steps])
   learner.forget_host_counters()
+
+
+def checkpoint_update(path: str) -> int:
+  """The update checkpoint `path` records (checkpoints.recorded_update); ValueError for an
+  average made before averages recorded it."""
+  from t2t_lite.checkpoints import recorded_update
+  update = recorded_update(path)
+  if update is None:
+    raise ValueError("it records no update (an average made by an older "
+                     "t2t-lite-avg-checkpoints: average again)")
+  return update
 
 
 def best_record(best_dir: str, read_json) -> dict | None:

@@ -98,3 +98,13 @@ def test_a_best_model_record_from_before_early_stopping_reads_as_best_by_dev_ble
   (best / formats.BEST_FILE).write_text(json.dumps({"metric": "dev_loss", "value": 1.5}))
   assert formats.best_record(str(best), lambda p: json.load(open(p)))["metric"] == "dev_loss"
   assert os.path.isfile(best / formats.OLDER_BEST_FILE)  # read, never removed
+
+
+def test_an_average_from_before_averages_recorded_their_update_is_refused(tmp_path):
+  older = tf.train.Checkpoint(model=tf.Module()).write(str(tmp_path / "older" / "ckpt-9"))
+  with pytest.raises(ValueError, match=r"records no update \(an average made by an older "
+                     r"t2t-lite-avg-checkpoints: average again\)"):
+    formats.checkpoint_update(older)
+  current = tf.train.Checkpoint(update_step=tf.Variable(12, dtype=tf.int64)).write(
+      str(tmp_path / "current" / "ckpt-9"))
+  assert formats.checkpoint_update(current) == 12

@@ -205,12 +205,8 @@ class Scorer:
   def update_of(self, path: str) -> int:
     """The update a checkpoint records: Adam's step (skipped non-finite updates do not
     count), or for an average, the update of the newest checkpoint averaged."""
-    from t2t_lite.checkpoints import recorded_update
-    update = recorded_update(path)
-    if update is not None:
-      return update
-    raise ValueError("it records no update (an average made by an older t2t-lite-avg-"
-                     "checkpoints: average again)")
+    from t2t_lite.formats import checkpoint_update
+    return checkpoint_update(path)
 
   def restore(self, path: str) -> None:
     inference.restore(self.run.model, path)
