@@ -147,9 +147,11 @@ def test_same_seed_same_losses(multi30k_data, tmp_path):
 def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
   import shutil
   from t2t_lite import registry
+  problem = registry.problem("translate_ende_multi30k")
   data_dir = tmp_path / "data"
   shutil.copytree(multi30k_data, data_dir)
-  shard = sorted(data_dir.glob("translate_ende_multi30k-train-*"))[1]
+  shard = problem.data_files(str(data_dir), "train")[1]
+  original = problem.data_files(multi30k_data, "train")[1]
   os.remove(shard)
   result = cli("t2t-lite-trainer", *FLAGS, f"--data_dir={data_dir}",
                f"--output_dir={tmp_path / 'run'}")
@@ -158,8 +160,7 @@ def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
   assert "Traceback" not in result.stderr
   assert not (tmp_path / "run").exists()
   # a shard cut short after datagen is refused too, naming both sizes
-  shutil.copyfile(os.path.join(multi30k_data, shard.name), shard)
-  problem = registry.problem("translate_ende_multi30k")
+  shutil.copyfile(original, shard)
   size = os.path.getsize(shard)
   with open(shard, "r+b") as f:
     f.truncate(size - 10)
