@@ -132,23 +132,33 @@ class BatchPlan:
     return out
 
 
-def plan(hparams, replicas: int, train_steps: int) -> BatchPlan:
-  """Resolves accumulate steps (possibly from effective_batch_tokens) and checks the figures."""
+def check(hparams, train_steps: int) -> AccumulateSchedule | None:
+  """What plan() checks that does not depend on the replica count (so a command can refuse
+  it before starting TensorFlow); the accumulation schedule, if there is one."""
   if train_steps < 1:
     raise UsageError(f"--train_steps={train_steps}: must be at least 1 (it counts updates)")
   if hparams.batch_size < 1:
     raise UsageError(f"batch_size={hparams.batch_size}: must be at least 1 token")
-  steps = hparams.optimizer_multistep_accumulate_steps
-  derived = ""
-  if hparams.optimizer_multistep_accumulate_schedule.strip():
-    schedule = AccumulateSchedule.parse(hparams.optimizer_multistep_accumulate_schedule)
-    for other, value, default in (("optimizer_multistep_accumulate_steps", steps, 1),
-                                  ("effective_batch_tokens", hparams.effective_batch_tokens, 0)):
-      if value != default:
-        raise UsageError(f"optimizer_multistep_accumulate_schedule replaces {other}={value}; "
-                         f"set {other}={default}, or drop the schedule")
+  if not hparams.optimizer_multistep_accumulate_schedule.strip():
+    return None
+  schedule = AccumulateSchedule.parse(hparams.optimizer_multistep_accumulate_schedule)
+  for other, value, default in (
+      ("optimizer_multistep_accumulate_steps", hparams.optimizer_multistep_accumulate_steps, 1),
+      ("effective_batch_tokens", hparams.effective_batch_tokens, 0)):
+    if value != default:
+      raise UsageError(f"optimizer_multistep_accumulate_schedule replaces {other}={value}; "
+                       f"set {other}={default}, or drop the schedule")
+  return schedule
+
+
+def plan(hparams, replicas: int, train_steps: int) -> BatchPlan:
+  """Resolves accumulate steps (possibly from effective_batch_tokens) and checks the figures."""
+  schedule = check(hparams, train_steps)
+  if schedule is not None:
     return BatchPlan(hparams.batch_size, schedule.steps_for(1), replicas, train_steps,
                      schedule=schedule)
+  steps = hparams.optimizer_multistep_accumulate_steps
+  derived = ""
   if hparams.effective_batch_tokens:
     per_micro_step = hparams.batch_size * replicas
     steps, remainder = divmod(hparams.effective_batch_tokens, per_micro_step)

@@ -147,25 +147,6 @@ def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run
     assert "Traceback" not in err
 
 
-def test_a_stop_with_two_replicas_waits_for_the_update_and_resumes_exactly(
-    two_worker_run, multi30k_data, tmp_path):
-  """A SIGTERM after micro-step 1 of 2: two mirrored replicas finish the update and save
-  ckpt-4 (2 x 2 micro-batches; a checkpoint between updates holds no replica-local sums);
-  the resumed run ends where the unbroken one did."""
-  output_dir = str(tmp_path / "mirrored")
-  flags = [*_flags(multi30k_data), "--train_steps=3", "--strategy=mirrored", "--cpu_replicas=2",
-           f"--output_dir={output_dir}"]
-  first = _trainer(*flags, env=dict(os.environ, T2T_LITE_FAULT="signal:1"))
-  _, err = first.communicate(timeout=240)
-  assert first.returncode == 0, err[-3000:]
-  assert "2 replicas save only between updates" in err and "stopped: signal 15" in err
-  assert os.path.basename(tf.train.latest_checkpoint(output_dir)) == "ckpt-4"
-  _finish([_trainer(*flags)])
-  expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
-  worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
-  assert worst <= 1e-6, worst
-
-
 def test_a_signal_to_one_worker_and_the_loss_of_another(two_worker_run, multi30k_data,
                                                         tmp_path):
   """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and

@@ -46,12 +46,16 @@ def _kill_when(process, marker, occurrence=1):
 
 
 def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, tmp_path):
+  """Broken five ways and resumed, a run ends where an unbroken one does; two unbroken runs
+  of the same seed log the same losses."""
+  from test_train import _scalars
   start = time.time()
-  straight = str(tmp_path / "straight")
+  straight, again = str(tmp_path / "straight"), str(tmp_path / "again")
   log = open(tmp_path / "straight.log", "w")  # a file: an unread pipe could fill and stall it
-  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *FLAGS,
-                               f"--data_dir={multi30k_data}", f"--output_dir={straight}"],
-                              stdout=subprocess.DEVNULL, stderr=log)  # beside the broken runs
+  unbroken = [subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *FLAGS,
+                                f"--data_dir={multi30k_data}", f"--output_dir={directory}"],
+                               stdout=subprocess.DEVNULL, stderr=log)  # beside the broken runs
+              for directory in (straight, again)]
 
   broken = str(tmp_path / "broken")
   # 1: mid-accumulation (micro-step 6 of 24; the last checkpoint is update 1)
@@ -73,8 +77,11 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, t
   _, err = final.communicate(timeout=180)
   assert final.returncode == 0, err[-3000:]
   assert "update 6/6 (micro-step 24)" in err
-  assert unbroken.wait(timeout=180) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+  for process in unbroken:
+    assert process.wait(timeout=180) == 0, (tmp_path / "straight.log").read_text()[-3000:]
   log.close()
+  losses = [[v for _, v in _scalars(os.path.join(d, "train"))["loss"]] for d in (straight, again)]
+  assert len(losses[0]) == 6 and losses[0] == losses[1]  # the same seed, the same losses
 
   expected, got = _model_values(straight), _model_values(broken)
   assert expected.keys() == got.keys()
@@ -128,20 +135,6 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny_run, tmp_path):
   assert f"checkpoint {latest} is unreadable" in result.stderr
   assert "falling back to" in result.stderr
   assert "resumed from" in result.stderr
-
-
-def test_same_seed_same_losses(multi30k_data, tmp_path):
-  from test_train import _scalars
-  processes = {name: subprocess.Popen(  # side by side: 2 cores
-      [os.path.join(BIN, "t2t-lite-trainer"), *FLAGS[:-1], "--train_steps=3",
-       f"--data_dir={multi30k_data}", f"--output_dir={tmp_path / name}"],
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name in ("a", "b")}
-  runs = []
-  for name, process in processes.items():
-    _, err = process.communicate(timeout=180)
-    assert process.returncode == 0, err[-3000:]
-    runs.append([v for _, v in _scalars(str(tmp_path / name / "train"))["loss"]])
-  assert len(runs[0]) == 3 and runs[0] == runs[1]
 
 
 def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):

@@ -112,9 +112,10 @@ ELASTIC = "layer_prepostprocess_dropout=0.1"  # dropout on: the masks follow the
 
 
 def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tmp_path):
-  """1 replica with n=4 for 2 updates, then 2 replicas with n=2 for 2 more, equals 1
-  replica with n=4 for 4 updates. On the way, a mid-update checkpoint and other tokens per
-  update are refused with what to do, and what the first error says to do works."""
+  """1 replica with n=4 for 2 updates, then 2 replicas with n=2 for 2 more (stopped by a
+  signal mid-update and resumed), equals 1 replica with n=4 for 4 updates. On the way, a
+  mid-update checkpoint and other tokens per update are refused with what to do, and what
+  the first error says to do works."""
   one = _hparams_flag(f"optimizer_multistep_accumulate_steps=4,{ELASTIC}")
   two = _hparams_flag(f"optimizer_multistep_accumulate_steps=2,{ELASTIC}")
   mirrored = ["--strategy=mirrored", "--cpu_replicas=2"]
@@ -134,10 +135,19 @@ def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tm
   _ends_in_usage_error(wrong, "from 1 replica x 4 micro-steps per update to 2 replicas x 4 "
                        "micro-steps per update changes the tokens per update from 2048 to "
                        "4096; use optimizer_multistep_accumulate_steps=2")
-  result = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4")
+  # Moved, and stopped by a SIGTERM after the first of update 3's two micro-steps: the two
+  # replicas finish the update before saving (a checkpoint between updates holds no
+  # replica-local sums), then resume from there.
+  stopped = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4",
+                   env=dict(os.environ, T2T_LITE_FAULT="signal:5"))
   assert ("resumed on another layout: from 1 replica x 4 micro-steps per update to 2 "
           "replicas x 2 micro-steps per update (2048 tokens per update), at micro-batch 8"
-          ) in result.stderr, result.stderr[-3000:]
+          ) in stopped.stderr, stopped.stderr[-3000:]
+  assert "2 replicas save only between updates" in stopped.stderr, stopped.stderr[-3000:]
+  assert "stopped: signal 15" in stopped.stderr
+  assert os.path.basename(tf.train.latest_checkpoint(moved)) == "ckpt-12"
+  result = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4")
+  assert "update 4/4" in result.stderr and "update 3/4" not in result.stderr
   assert "replicas: 2" in result.stdout and "ckpt-16" in result.stdout
   assert _worst_difference(_model_values(unmoved), _model_values(moved)) <= 1e-5
 

@@ -28,7 +28,6 @@ def main() -> None:
   common.check_writable_dir(FLAGS.data_dir, "data_dir")
   problem.configure(source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
                     vocab_size=FLAGS.vocab_size)
-  common.import_tensorflow()
   manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir, FLAGS.overwrite)
   if manifest["skipped"]:
     print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "

@@ -139,6 +139,8 @@ def _resolve():
   hparams, previous, hparams_set = rundir.resolve(
       FLAGS.hparams_set, ",".join(filter(None, [model_override, FLAGS.hparams])),
       FLAGS.output_dir, FLAGS.allow_hparams_change)
+  from t2t_lite import steps
+  steps.check(hparams, FLAGS.train_steps)
   problem = registry.problem(_from_run(previous, "problem", "problem"))
   if FLAGS.model and hparams.model != FLAGS.model:
     raise UsageError(f"--model={FLAGS.model} and --hparams model={hparams.model} disagree; "
@@ -149,6 +151,8 @@ def _resolve():
     common.require(data_dir, "data_dir", "data/multi30k_ende")
   seed = _from_run(previous, "random_seed", "random_seed")
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
+    for split in ("train", "dev"):  # present and as datagen wrote them
+      problem.data_files(data_dir, split)
     rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
     if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem
       source = FLAGS.warm_start_from
@@ -194,8 +198,6 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
     tf.config.experimental.enable_op_determinism()
   tf.keras.utils.set_random_seed(seed)
   from t2t_lite import train
-  for split in ("train", "dev"):  # a clear error before anything is written
-    problem.data_files(data_dir, split)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   from t2t_lite.decide import Checkpointing, Evaluation, Stopping
   options = train.RunOptions(

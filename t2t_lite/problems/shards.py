@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from t2t_lite import runtime
 from t2t_lite.files import atomic_path
 
 CHUNK_PAIRS = 10_000
@@ -32,7 +33,7 @@ class _ExampleBytes:
   pair, against 50 for a new message each time)."""
 
   def __init__(self, keep_text: bool):
-    import tensorflow as tf
+    tf = runtime.import_tensorflow()
     self._example = tf.train.Example()
     feature = self._example.features.feature
     self._ids = (feature["inputs"].int64_list.value, feature["targets"].int64_list.value)
@@ -73,7 +74,7 @@ def _encode(vocab, chunk, serialize) -> list[bytes]:
 def write_in_order(vocab, pairs: Iterable[tuple[str, str]], path: str) -> int:
   """Writes `pairs` (with their text, for decoding and BLEU) to one shard in input order;
   returns how many."""
-  import tensorflow as tf
+  tf = runtime.import_tensorflow()
   written = 0
   with atomic_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
     for chunk in encoded_chunks(vocab, pairs, keep_text=True):
@@ -93,7 +94,7 @@ def write_shuffled(vocab, pairs: Iterable[tuple[str, str]], files: list[str],
                    expected_pairs: int, seed: int) -> int:
   """Writes `pairs` (ids only) to the shards `files` in a seeded random order; returns how
   many. `expected_pairs` (from an earlier pass) sizes the buckets."""
-  import tensorflow as tf
+  tf = runtime.import_tensorflow()
   buckets = bucket_count(expected_pairs, len(files))
   bucket_files = [f"{files[b % len(files)]}.bucket-{b:05d}.tmp-{os.getpid()}"
                   for b in range(buckets)]
