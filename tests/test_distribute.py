@@ -114,21 +114,6 @@ def _remove_checkpoint(directory, name, state_too=False):
       os.remove(os.path.join(directory, file))
 
 
-def test_workers_agree_on_the_newest_checkpoint_they_all_have(two_worker_run, multi30k_data,
-                                                               tmp_path):
-  """Worker 1 lost its newest checkpoint (ckpt-12): both resume from ckpt-8 (micro-step 4)
-  instead of the chief from micro-step 6 and worker 1 from 4 (which would hang the job in its
-  collectives)."""
-  workers_dir = str(tmp_path / "workers")
-  shutil.copytree(two_worker_run["workers_dir"], workers_dir)
-  _remove_checkpoint(os.path.join(workers_dir, "workers", "worker-1"), "ckpt-12")
-  for process, _, err in _two_workers(multi30k_data, workers_dir, train_steps=4):
-    assert process.returncode == 0, err[-3000:]
-    assert ("workers' newest checkpoints disagreed (ckpt-N by worker: [12, 8]); all "
-            "resume from ckpt-8") in err
-    assert "update 3/4 (micro-step 6)" in err and "update 4/4 (micro-step 8)" in err
-
-
 def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run,
                                                                   multi30k_data, tmp_path):
   workers_dir = str(tmp_path / "workers")
@@ -147,13 +132,16 @@ def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run
     assert "Traceback" not in err
 
 
-def test_a_signal_to_one_worker_and_the_loss_of_another(two_worker_run, multi30k_data,
-                                                        tmp_path):
+def test_a_signal_to_one_worker_the_loss_of_another_and_a_lost_checkpoint(
+    two_worker_run, multi30k_data, tmp_path):
   """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and
   save. Resumed, worker 1 is SIGKILLed in update 3: worker 0 exits with one line naming it,
-  within 60 s. Resumed again, the pair ends where an unbroken run ends."""
+  within 60 s. Then worker 1 loses its newest checkpoint (ckpt-8): resumed again, both
+  start from ckpt-4, the newest they all have (the chief from ckpt-8 and worker 1 from ckpt-4
+  would hang the job in its collectives), and the pair ends where an unbroken run ends."""
   output_dir = str(tmp_path / "run")
-  flags = [*_flags(multi30k_data), "--train_steps=3", f"--output_dir={output_dir}"]
+  flags = [*_flags(multi30k_data), "--train_steps=3", "--save_checkpoints_steps=1",
+           f"--output_dir={output_dir}"]
   chief, other = finish(start_workers(flags, {1: {"T2T_LITE_FAULT": "signal:1"}}))
   for worker in (chief, other):
     assert "trained 2 updates (4 micro-steps)" in worker.out, worker.out
@@ -168,7 +156,11 @@ def test_a_signal_to_one_worker_and_the_loss_of_another(two_worker_run, multi30k
                                     "worker-1 went away"), chief.lines[-1]
   assert chief.ended - other.ended < 60
 
-  finish(start_workers(flags))
+  _remove_checkpoint(os.path.join(output_dir, "workers", "worker-1"), "ckpt-8")
+  for worker in finish(start_workers(flags)):
+    assert ("workers' newest checkpoints disagreed (ckpt-N by worker: [8, 4]); all "
+            "resume from ckpt-4") in worker.err, worker.err[-3000:]
+    assert "update 2/3 (micro-step 4)" in worker.err and "update 3/3 (micro-step 6)" in worker.err
   expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
   scale = max(float(np.abs(v).max()) for v in expected.values())
   assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5

@@ -33,7 +33,7 @@ def test_train_steps_counts_updates(multi30k_data, tmp_path):
 
 def _scalars(directory):
   found = {}
-  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+  for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
         found.setdefault(value.tag, []).append(
