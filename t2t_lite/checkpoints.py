@@ -33,10 +33,14 @@ class Checkpoints:
 
   def __init__(self, objects: dict, directory: str, options: Checkpointing,
                strategy: tf.distribute.Strategy, faults: NoFaults | None = None,
-               before_restore=None, optional: tuple[str, ...] = ()):
+               before_restore=None, optional: tuple[str, ...] = (),
+               shape_differences: tuple[str, ...] = ()):
     """`objects`: what a checkpoint holds, by name; those named in `optional` may be missing
-    from a checkpoint (they keep their initial values), the others must all match."""
+    from a checkpoint (they keep their initial values), the others must all match.
+    `shape_differences`: the settings in which this model differs from the one the run
+    recorded ("filter_size=96 (recorded 128)"), named when a checkpoint does not fit."""
     self.objects, self.optional = objects, optional
+    self.shape_differences = shape_differences
     checkpoint = self.checkpoint = tf.train.Checkpoint(**objects)
     # before_restore(path, its top-level names) raises a UsageError to refuse a checkpoint.
     self.before_restore = before_restore
@@ -129,10 +133,12 @@ class Checkpoints:
       return None
     shown = "; ".join(mismatched[:3]) + (f"; and {len(mismatched) - 3} more"
                                          if len(mismatched) > 3 else "")
-    return UsageError(
-        f"checkpoint {path} is of another model shape ({shown}): the vocabulary or the "
-        "model hparams differ from those it was trained with (recorded in the run's "
-        "hparams.json); resume with those, or use a new --output_dir")
+    cause = (f"this model has {', '.join(self.shape_differences)}"
+             if self.shape_differences else
+             "the vocabulary or the model hparams differ from those it was trained with "
+             "(recorded in the run's hparams.json)")
+    return UsageError(f"checkpoint {path} is of another model shape ({shown}): {cause}; "
+                      "resume with the recorded values, or use a new --output_dir")
 
   def _gather(self, number: int) -> list[int]:
     """Every worker's `number` (one collective)."""

@@ -90,6 +90,25 @@ def parameter_count(hparams, vocab_size: int) -> int:
           hparams.num_decoder_layers * decoder + final_norms)
 
 
+# The hparams that set the shapes of the model's variables.
+SHAPE_HPARAMS = ("hidden_size", "filter_size", "num_heads", "num_encoder_layers",
+                 "num_decoder_layers", "shared_embedding_and_softmax_weights")
+
+
+def shape_differences(meta: dict | None, hparams, vocab_size: int) -> list[str]:
+  """The settings that give this model other variable shapes than the run recorded in
+  `meta`, as "name=ours (recorded theirs)"; empty when nothing was recorded or all agree."""
+  if not meta:
+    return []
+  recorded = meta.get("hparams", {})
+  found = [f"{name}={getattr(hparams, name)} (recorded {recorded[name]})"
+           for name in SHAPE_HPARAMS
+           if name in recorded and recorded[name] != getattr(hparams, name)]
+  if meta.get("vocab_size") not in (None, vocab_size):
+    found.append(f"vocabulary size {vocab_size} (recorded {meta['vocab_size']})")
+  return found
+
+
 # --- the data a run trained on ---------------------------------------------------------------
 def data_record(problem, data_dir: str) -> dict:
   """What a run trains on: the problem, its languages and the vocabulary file's sha256."""

@@ -102,6 +102,7 @@ class Trainer:
     self.is_chief = is_chief
     self._after_update = after_update
     self.vocab = problem.get_vocab(options.data_dir)
+    self._recorded = rundir.read_meta(options.output_dir)  # the run's record, if it has one
     self.faults = faults_lib.from_environment()
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
                            self.strategy, self.faults, options.xla_compile)
@@ -118,7 +119,9 @@ class Trainer:
     self.checkpoints = Checkpoints(
         {**self.iterators, **self.learner.trackables()}, directory, options.checkpointing,
         self.strategy, self.faults, before_restore=self._check_stream,
-        optional=("accumulator", *formats.ADDED_TO_CHECKPOINTS))
+        optional=("accumulator", *formats.ADDED_TO_CHECKPOINTS),
+        shape_differences=tuple(rundir.shape_differences(
+            self._recorded, hparams, self.vocab.size)))
     self._multi_worker = self.checkpoints.multi_worker
     self._stop_signal = None
     self._restored = False
@@ -249,7 +252,7 @@ class Trainer:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
                       "a new run only", self.checkpoints.directory)
     self.learner.forget_host_counters()
-    formats.upgrade_restored(self.learner, self._lacks, rundir.read_meta(self.options.output_dir),
+    formats.upgrade_restored(self.learner, self._lacks, self._recorded,
                              path)
     self._check_layout(path)
     logging.info("resumed from %s: update %d, micro-step %d", path,

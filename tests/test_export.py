@@ -411,3 +411,22 @@ def test_score_file_with_ctranslate2_matches_ours(exported, tiny_run, tmp_path):
                   for name in ("ours.txt", "theirs.txt"))
   assert len(ours) == len(pairs) and all(score < 0 for score in ours)
   np.testing.assert_allclose(theirs, ours, atol=1e-3, rtol=0)
+
+
+def test_the_export_record_names_the_checkpoint_exported(tiny_run, tmp_path, monkeypatch):
+  """The checkpoint is looked up once: a save in the meantime (here, the lookup answering
+  otherwise when asked again) cannot make t2t_lite_export.json name another one."""
+  run = str(tmp_path / "run")
+  shutil.copytree(tiny_run["output_dir"], run)
+  real, answers = tf.train.latest_checkpoint, []
+
+  def latest(directory, *args, **kwargs):
+    answers.append(os.path.join(run, "ckpt-4") if answers else real(directory, *args, **kwargs))
+    return answers[-1]
+
+  monkeypatch.setattr(tf.train, "latest_checkpoint", latest)
+  export.export_run(run, str(tmp_path / "ct2"), "ctranslate2")
+  with open(tmp_path / "ct2" / export.INFO_FILE) as f:
+    info = json.load(f)
+  assert [os.path.basename(a) for a in answers] == ["ckpt-8"]
+  assert info["checkpoint"] == os.path.abspath(answers[0])

@@ -85,17 +85,21 @@ def test_resume_takes_problem_and_seed_from_the_run_and_refuses_others(run_copy)
 
 def test_checkpoints_without_a_state_file_are_resumed_not_overwritten(run_copy):
   """Checkpoints copied without TensorFlow's `checkpoint` file: the newest ckpt-N on disk
-  is restored (the run resumes at update 4), with the seed recorded by the run."""
+  is restored (the run resumes at update 4), with the seed recorded by the run (no
+  --random_seed given)."""
   os.remove(os.path.join(run_copy, "checkpoint"))
   result = cli("t2t-lite-trainer", f"--output_dir={run_copy}", "--train_steps=5",
                "--local_eval_frequency=0", check=True)
   assert "has checkpoints but no readable checkpoint state file" in result.stderr
   assert "resumed from" in result.stderr and "ckpt-8: update 4, micro-step 8" in result.stderr
   assert "trained 5 updates (10 micro-steps)" in result.stdout
+  with open(os.path.join(run_copy, "hparams.json")) as f:  # what the resumed run trained with
+    assert json.load(f)["random_seed"] == 7  # the run's (TINY_FLAGS), not the flag's default
 
 
 def test_a_checkpoint_of_another_shape_is_named_not_called_damaged(run_copy):
   result = cli("t2t-lite-trainer", f"--output_dir={run_copy}", "--train_steps=5",
                "--allow_hparams_change", "--hparams=filter_size=96")
   last = _one_line_error(result, "is of another model shape (model/", "t2t-lite-trainer")
-  assert "!= ours" in last and "96" in last and "damaged" not in last
+  assert "!= ours" in last and "damaged" not in last
+  assert "this model has filter_size=96 (recorded 512)" in last, last

@@ -48,6 +48,9 @@ def test_early_stopping_stops_keeps_the_best_and_resumes_stopped(multi30k_data, 
   losses = [float(line.split("dev_loss ")[1].split(",")[0])
             for line in first.stderr.splitlines() if "eval at update" in line]
   assert len(losses) == 3, first.stderr[-3000:]
+  lines = first.stderr.splitlines()  # update 2 is saved (every 2), then evaluated (every 1)
+  assert (next(i for i, line in enumerate(lines) if "ckpt-4 (update 2," in line)
+          < next(i for i, line in enumerate(lines) if "eval at update 2:" in line))
   assert (best["metric"], best["improved_at"]) == ("dev_loss", 1)
   assert best["update"] == 1 + int(np.argmin(losses))
   assert best["value"] == pytest.approx(min(losses), abs=1e-4)
