@@ -17,6 +17,21 @@ from t2t_lite.errors import RunError, UsageError
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 _joined_as = None  # this process's task name, once it joined a cluster (make_strategy)
+# A worker other than the chief leaves its process at once when it ends, failed or not (see
+# leave_cluster and exit_now): Python's exit finalizers can deadlock on the thread pool of
+# TensorFlow's collectives once its cluster is gone (seen: a worker hung after its one-line
+# error, in multiprocessing's pool finalizer).
+_left_at_exit = False
+
+
+def exit_now(code: int) -> None:
+  """Ends a worker other than the chief with `code` without Python's exit finalizers (see
+  _left_at_exit); returns in any other process."""
+  if _left_at_exit:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.flush()
+    os._exit(code)
 
 
 def split_cpu(replicas: int) -> None:
@@ -77,6 +92,9 @@ def make_strategy(name: str, cpu_replicas: int = 1,
     is_chief = task_type in ("chief", None) or (
         task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs)
     _joined_as = f"{task_type}-{task_id}"
+    if not is_chief:
+      global _left_at_exit
+      _left_at_exit = True
     return strategy, is_chief, _joined_as
   split_cpu(cpu_replicas)
   gpus = tf.config.list_logical_devices("GPU")

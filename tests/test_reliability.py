@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, cli
+from conftest import BIN, TINY_HPARAMS, cli
 from t2t_lite.errors import UsageError
 
 FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
-         "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=4",
+         f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=4",
          "--save_checkpoints_steps=1", "--keep_checkpoint_max=3", "--log_every=1",
          "--local_eval_frequency=0", "--random_seed=5", "--train_steps=6"]
 
@@ -97,7 +97,7 @@ def test_nonfinite_updates_are_skipped_counted_and_too_many_stop_the_run(multi30
   the run with the last good checkpoint, which counts the one skip before it."""
   output_dir = tmp_path / "run"
   result = cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=10",
-               "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2,"
+               f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
                "max_consecutive_nonfinite=3",
                f"--data_dir={multi30k_data}", f"--output_dir={output_dir}",
                env={"T2T_LITE_FAULT": "nan:3,7,8,9,10,11,12"})

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import NO_EVAL_FLAGS, cli
+from conftest import NO_EVAL_FLAGS, TINY_HPARAMS, cli
 from test_workflow import _ends_in_usage_error, _usage_error
 
 
 def _hparams_flag(extra):
-  return f"--hparams=batch_size=512,max_length=64,{extra}"
+  return f"--hparams={TINY_HPARAMS},{extra}"
 
 
 def _model_values(output_dir):
@@ -52,7 +52,7 @@ def scheduled_run(multi30k_data, tmp_path_factory):
 
 def test_schedule_dry_run_counts_micro_steps_per_phase():
   out = cli("t2t-lite-trainer", "--dry_run", "--hparams_set=transformer_tiny",
-            "--train_steps=10", "--hparams=batch_size=512,max_length=64,"
+            "--train_steps=10", f"--hparams={TINY_HPARAMS},"
             "optimizer_multistep_accumulate_schedule=1@0;2@4;8@6", check=True).stdout
   assert "updates 1-4: 1 micro-steps per update, 512 tokens per update, 4 micro-steps" in out
   assert "updates 5-6: 2 micro-steps per update, 1024 tokens per update, 4 micro-steps" in out

@@ -15,7 +15,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, cli, multi30k_dir
+from conftest import REPO, TINY_HPARAMS, cli, multi30k_dir
 
 PROGRAM = os.path.join(REPO, "bin", "t2t-lite-translate-all")
 ENV = {"PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
@@ -24,7 +24,7 @@ DECODE = "--decode_hparams=beam_size=2,extra_decode_length=10"
 # 3 updates of 2 micro-steps, a checkpoint after each (ckpt-2, ckpt-4, ckpt-6), all kept; a
 # learning rate without warm-up, so that every update changes the translations.
 TRAIN_FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
-               "--hparams=batch_size=512,max_length=64,optimizer_multistep_accumulate_steps=2,"
+               f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
                "learning_rate_warmup_steps=1",
                "--save_checkpoints_steps=1", "--keep_checkpoint_max=0", "--train_steps=3",
                "--local_eval_frequency=0", "--log_every=0",

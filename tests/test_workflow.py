@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, NO_EVAL_FLAGS, TINY_FLAGS, cli
+from conftest import BIN, NO_EVAL_FLAGS, TINY_FLAGS, TINY_HPARAMS, cli
 
 LINES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Kids."]
 
@@ -231,7 +231,7 @@ def test_warm_start_takes_the_weights_and_resets_the_rest(tiny_run, tmp_path, wi
 
 
 def test_warm_start_of_another_shape_names_the_variables(tiny_run, tmp_path):
-  result = cli("t2t-lite-trainer", *TINY_FLAGS, "--hparams=batch_size=512,max_length=64,"
+  result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--hparams={TINY_HPARAMS},"
                "filter_size=96", f"--data_dir={tiny_run['data_dir']}",
                f"--output_dir={tmp_path / 'run'}", "--train_steps=1",
                f"--warm_start_from={tiny_run['output_dir']}")

@@ -24,7 +24,11 @@ def _fail(program: str, err: Exception) -> None:
   if FLAGS.is_parsed() and FLAGS.debug:
     traceback.print_exc()
   print(f"{program}: error: {err}", file=sys.stderr)
-  sys.exit(getattr(err, "exit_code", 1))
+  code = getattr(err, "exit_code", 1)
+  distribute = sys.modules.get("t2t_lite.distribute")  # loaded only by a training process
+  if distribute is not None:
+    distribute.exit_now(code)
+  sys.exit(code)
 
 
 def run(main, program: str) -> None:
