@@ -7,6 +7,7 @@ replica and micro-step, as rows x max(source length, target length) with padding
 """
 
 from t2t_lite.hparams import HParams
+from t2t_lite.hparams_check import COOLDOWN
 from t2t_lite.registry import register_hparams
 
 
@@ -46,6 +47,8 @@ def basic_params() -> HParams:
       learning_rate_schedule="constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size",
       learning_rate_constant=2.0,
       learning_rate_warmup_steps=8000,
+      # Fraction of the run's updates over which a `linear_cooldown` factor (ours) falls to 0.
+      learning_rate_cooldown=COOLDOWN,
       clip_grad_norm=0.0,
       max_consecutive_nonfinite=5,
       # Numerics.

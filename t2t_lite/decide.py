@@ -59,6 +59,9 @@ class Schedule:
   checkpointing: Checkpointing = Checkpointing()
   evaluation: Evaluation = Evaluation()
   log_every: int = 100            # updates; 0 = only the last update
+  # Every this many updates, the time budget is projected to the learning-rate cooldown's
+  # last update (see t2t_lite.budget); 0 = not (no cooldown, or its end is fixed).
+  cooldown_every: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,11 @@ class Agreed:
 
 @dataclass(frozen=True)
 class Actions:
-  """What to do, in this order: read the window, log, save, evaluate, stop (with why)."""
+  """What to do, in this order: read the window, log, project the time budget to the
+  cooldown's end (`plan`), save, evaluate, stop (with why)."""
   read: bool = False
   log: bool = False
+  plan: bool = False
   save: bool = False
   evaluate: bool = False
   stop: str | None = None
@@ -107,10 +112,11 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   """What follows the update that brought the counts to `progress`.
 
   Before the window is read (`progress.applied` is None) the answer is at most a read and a
-  timed save: a read is due at updates due for a log line, a save, an evaluation or the
-  end, and whenever a stop was agreed. Once read, actions keyed to an update number wait for
-  the update that really reaches it: after skipped updates, the applied count is lower than
-  the count tried, and nothing is due until an applied update is new. A stop always saves
+  timed save: a read is due at updates due for a log line, a budget check, a save, an
+  evaluation or the end, and whenever a stop was agreed. Once read, actions keyed to an
+  update number wait for the update that really reaches it: after skipped updates, the
+  applied count is lower than the count tried, and nothing is due until an applied update
+  is new. A stop always saves
   (the final checkpoint), and so does an evaluation, before it evaluates (as tensor2tensor
   evaluates saved checkpoints): an evaluation that fails loses no update, on any worker.
   """
@@ -120,7 +126,8 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   if progress.applied is None:
     tried = progress.tried
     due = (tried >= schedule.train_steps or every(schedule.log_every, tried) or
-           every(checkpointing.save_steps, tried) or every(frequency, tried))
+           every(checkpointing.save_steps, tried) or every(frequency, tried) or
+           every(schedule.cooldown_every, tried))
     if due or stop_agreed:
       return Actions(read=True)
     return Actions(save=agreed.timed_save)
@@ -131,6 +138,7 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   evaluate = fresh and every(frequency, update)
   return Actions(
       log=fresh and (every(schedule.log_every, update) or stop is not None),
+      plan=fresh and stop is None and every(schedule.cooldown_every, update),
       save=(fresh and every(checkpointing.save_steps, update)) or evaluate
       or agreed.timed_save or stop is not None,
       evaluate=evaluate,

@@ -14,7 +14,9 @@ from t2t_lite.errors import UsageError
 # post-norm (x = norm(x + dropout(sublayer(x))), no norm at the end of the stacks).
 NORM_SEQUENCES = {("n", "da"): "pre_norm", ("none", "dan"): "post_norm"}
 OPTIMIZERS = ("adam",)
-SCHEDULE_FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_hidden_size")
+COOLDOWN = 0.3  # learning_rate_cooldown of every set: read by the linear_cooldown factor only
+SCHEDULE_FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_hidden_size",
+                    "linear_cooldown")
 
 
 def norm_placement(hparams) -> str:
@@ -29,6 +31,11 @@ def norm_placement(hparams) -> str:
                      f"layer_postprocess_sequence={hparams.layer_postprocess_sequence!r} is "
                      f"not implemented; supported: {supported}")
   return NORM_SEQUENCES[pair]
+
+
+def has_cooldown(hparams) -> bool:
+  """Whether the schedule ends with a cooldown whose last update must be fixed."""
+  return "linear_cooldown" in (f.strip() for f in hparams.learning_rate_schedule.split("*"))
 
 
 def check_schedule(hparams) -> None:
@@ -72,6 +79,15 @@ def check(hparams) -> None:
             "clip_grad_norm", "learning_rate_constant")
   _fraction(hparams, "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
             "label_smoothing", "optimizer_adam_beta1", "optimizer_adam_beta2")
+  if hparams.learning_rate_cooldown != COOLDOWN and not has_cooldown(hparams):
+    raise UsageError(f"learning_rate_cooldown={hparams.learning_rate_cooldown} is read only by "
+                     "the linear_cooldown factor, which learning_rate_schedule="
+                     f"{hparams.learning_rate_schedule!r} lacks; append '*linear_cooldown' to "
+                     "it, or drop learning_rate_cooldown")
+  if not 0.0 < hparams.learning_rate_cooldown <= 1.0:
+    raise UsageError(f"learning_rate_cooldown={hparams.learning_rate_cooldown}: must be in "
+                     "(0, 1] (the fraction of the run's updates that the linear_cooldown "
+                     "factor of learning_rate_schedule spans)")
   if hparams.hidden_size % hparams.num_heads:
     raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
                      f"num_heads={hparams.num_heads}")

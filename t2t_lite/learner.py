@@ -154,6 +154,9 @@ class Learner:
       # progress]; a resume on another layout is checked against it (see train.Trainer).
       self.layout = tf.Variable([self.replicas, self.schedule.steps_for(1)], name="layout",
                                 **counter)
+      # The last update of a schedule with a cooldown; 0 until fixed (see t2t_lite.budget).
+      self.cooldown = hparams_check.has_cooldown(hparams)
+      self.cooldown_end = tf.Variable(0, name="cooldown_end", **counter)
       self.accumulator = (GradientAccumulator(self.variables)
                           if self.schedule.needs_accumulators else None)
       self.window = Window()
@@ -193,6 +196,8 @@ class Learner:
              "layout": self.layout}
     if self.accumulator is not None:
       state["accumulator"] = self.accumulator
+    if self.cooldown:
+      state["cooldown_end"] = self.cooldown_end
     if self.loss_scale is not None:
       state["loss_scale"] = self.loss_scale
       state["good_updates"] = self.good_updates
@@ -308,7 +313,7 @@ class Learner:
     if hparams.clip_grad_norm > 0:
       grads, _ = tf.clip_by_global_norm(grads, hparams.clip_grad_norm, use_norm=norm)
     update = self.adam.iterations + 1
-    lr = learning_rate(hparams, update)
+    lr = learning_rate(hparams, update, self.cooldown_end)
 
     def apply():
       self.adam.apply(grads, self.variables, lr)

@@ -16,11 +16,16 @@ from t2t_lite.errors import UsageError
 from t2t_lite.hparams_check import check_schedule  # noqa: F401 (re-exported)
 
 
-def learning_rate(hparams, update):
+def learning_rate(hparams, update, cooldown_end=0):
   """The learning rate of update number `update` (1 = the first update), float32.
 
   tensor2tensor's product of factors, e.g. constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size
   = constant * min(1, u / warmup) * max(u, warmup)^-0.5 * hidden^-0.5.
+
+  Our factor `linear_cooldown` falls linearly to 0 over the last L = ceil(c x E) updates of
+  a run that ends at update E = `cooldown_end` (c = learning_rate_cooldown):
+  min(1, (E + 1 - u) / L), 1/L at update E; 1 while E is 0 (not fixed yet; see
+  t2t_lite.budget for how a time budget fixes it).
   """
   update = tf.cast(update, tf.float32)
   warmup = float(hparams.learning_rate_warmup_steps)
@@ -35,9 +40,22 @@ def learning_rate(hparams, update):
       rate *= tf.math.rsqrt(tf.maximum(update, max(warmup, 1.0)))
     elif factor == "rsqrt_hidden_size":
       rate *= float(hparams.hidden_size) ** -0.5
+    elif factor == "linear_cooldown":
+      rate *= cooldown_factor(update, cooldown_end, hparams.learning_rate_cooldown)
     else:
       raise UsageError(f"learning_rate_schedule has unknown factor '{factor}'")
   return rate
+
+
+def cooldown_length(end, fraction: float):
+  """L of `learning_rate` for a run ending at update `end` (a tensor): at least 1."""
+  return tf.maximum(tf.math.ceil(fraction * tf.cast(end, tf.float32)), 1.0)
+
+
+def cooldown_factor(update, end, fraction: float):
+  end = tf.cast(end, tf.float32)
+  falling = tf.clip_by_value((end + 1.0 - update) / cooldown_length(end, fraction), 0.0, 1.0)
+  return tf.where(end > 0, falling, 1.0)
 
 
 class Adam(tf.Module):

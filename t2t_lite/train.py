@@ -21,6 +21,7 @@ of the update in progress, so that such a checkpoint holds no replica-local accu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -29,14 +30,15 @@ from dataclasses import dataclass
 import tensorflow as tf
 from absl import logging
 
+from t2t_lite import budget
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
 from t2t_lite import formats, rundir
 from t2t_lite.checkpoints import Checkpoints, checkpoint_number, warm_start, warm_start_source
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
-from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, Agreed, Checkpointing, Evaluation,
-                             Progress, Schedule, Stopping, decide)
+from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, TRAIN_STEPS, Agreed,
+                             Checkpointing, Evaluation, Progress, Schedule, Stopping, decide)
 from t2t_lite.learner import NO_FLAGS, Learner
 from t2t_lite.steps import BatchPlan
 
@@ -119,7 +121,7 @@ class Trainer:
     self.checkpoints = Checkpoints(
         {**self.iterators, **self.learner.trackables()}, directory, options.checkpointing,
         self.strategy, self.faults, before_restore=self._check_stream,
-        optional=("accumulator", *formats.ADDED_TO_CHECKPOINTS),
+        optional=("accumulator", "cooldown_end", *formats.ADDED_TO_CHECKPOINTS),
         shape_differences=tuple(rundir.shape_differences(
             self._recorded, hparams, self.vocab.size)))
     self._multi_worker = self.checkpoints.multi_worker
@@ -139,6 +141,7 @@ class Trainer:
             problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""))
     self.schedule = Schedule(plan.train_steps, options.stopping, options.checkpointing,
                              options.evaluation, options.log_every)
+    self._pace = None  # of the updates since the first budget check (see _plan_cooldown)
 
   def _make_iterators(self, files) -> dict:
     """The one training stream, whatever the layout: each micro-step takes the next
@@ -355,17 +358,18 @@ class Trainer:
     """Runs updates and does what `decide` says follows each (see t2t_lite.decide). The
     micro-steps read nothing from the device: the host counts the updates it tried and
     reads the device's window of statistics only when `decide` asks for it."""
-    learner, schedule = self.learner, self.schedule
+    learner = self.learner
     clock = _Clock(self.options)
     self._guard = NonFiniteGuard(self.hparams.max_consecutive_nonfinite,
                                  self.options.output_dir)
     self._window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
     update = self._read_window()  # a new window
+    self._start_cooldown(update)
     progress = Progress(tried=update, seen=update, applied=update)
     # A resumed run that early stopping had stopped stays stopped.
     early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
     actions = decide(progress, Agreed(early_stop=self._from_chief([float(early)])[0] > 0),
-                     schedule)
+                     self.schedule)
     agreement = _Agreement(learner, self._multi_worker, clock,
                            lambda: self._stop_signal is not None)
     while actions.stop is None:
@@ -374,10 +378,10 @@ class Trainer:
       self._log_reduction()
       progress = progress.next(completed)
       agreed = agreement.after_update()
-      actions = decide(progress, agreed, schedule)
+      actions = decide(progress, agreed, self.schedule)  # (its end may be fixed on the way)
       if actions.read:
         progress = Progress(progress.tried, progress.seen, applied=self._read_window())
-        actions = decide(progress, agreed, schedule)
+        actions = decide(progress, agreed, self.schedule)
       actions = self._follow(actions, progress, agreed, clock)
       agreement.before_next_update()
       if self._after_update is not None:
@@ -392,6 +396,8 @@ class Trainer:
       self._log_phase(update)
     if actions.log:
       self._log(update, clock)
+    if actions.plan:
+      self._plan_cooldown(update, clock)
     if actions.save:
       pause = time.time()
       self.save()
@@ -428,11 +434,62 @@ class Trainer:
                 else "a stop signal on another worker")
     elif stop == TIME_BUDGET:
       reason = f"time budget of {self.options.stopping.train_minutes:g} minutes reached"
+    elif stop == TRAIN_STEPS and self.schedule.train_steps < self.plan.train_steps:
+      reason = (f"the learning-rate cooldown's last update ({self.schedule.train_steps}) "
+                "reached")
     micro_step = learner.host_micro_step()
     logging.info("stopped: %s; update %d, micro-step %d, %s", reason, update, micro_step, path)
     return {"updates": update, "micro_steps": micro_step, "stop_reason": reason,
             "checkpoint": path, "train_seconds": round(time.time() - clock.start, 1),
             "skipped_updates": int(learner.skipped_updates.numpy())}
+
+  # --- the cooldown's last update (see t2t_lite.budget) ----------------------------------
+  def _start_cooldown(self, update: int) -> None:
+    """The run's last update, if its schedule has a cooldown: the one recorded in the
+    checkpoint, or --train_steps without a time budget; with one, checks of the budget
+    every log interval (25 updates if there are no log lines) until it is fixed."""
+    learner = self.learner
+    if not learner.cooldown:
+      return
+    end = int(learner.cooldown_end.numpy())
+    if end == 0 and not self.options.stopping.train_minutes:
+      end = self.plan.train_steps
+      learner.cooldown_end.assign(end)
+    if end == 0:
+      self.schedule = dataclasses.replace(self.schedule,
+                                          cooldown_every=self.options.log_every or 25)
+      logging.info("learning-rate cooldown over the last %g of the updates that the time "
+                   "budget allows, projected every %d updates until it starts",
+                   self.hparams.learning_rate_cooldown, self.schedule.cooldown_every)
+      return
+    self._fix_end(end, update, "recorded in the run" if update else "--train_steps")
+    if end < self.plan.train_steps and update >= end:
+      logging.info("this run ended at update %d, the end of its learning-rate cooldown; to "
+                   "train longer, start a new run with --warm_start_from=%s", end,
+                   self.options.output_dir)
+
+  def _plan_cooldown(self, update: int, clock: _Clock) -> None:
+    """A check of the time budget: projects the run's last update from the pace since the
+    first check (the chief's, on a cluster) and fixes it before the cooldown would start."""
+    now = time.time()
+    if self._pace is None:
+      self._pace = budget.Pace(update, now)
+      return
+    projected = self._pace.project(update, now, clock.deadline, self.plan.train_steps)
+    projected = int(self._from_chief([float(projected or 0) if self.is_chief else 0.0])[0])
+    fraction = self.hparams.learning_rate_cooldown
+    if projected and budget.fix_now(update, projected, fraction, self.schedule.cooldown_every):
+      self.learner.cooldown_end.assign(projected)
+      self._fix_end(projected, update, f"the time budget's projection at update {update}, "
+                    f"{(update - self._pace.update) / (now - self._pace.time) * 60:.0f} "
+                    "updates a minute")
+
+  def _fix_end(self, end: int, update: int, source: str) -> None:
+    self.schedule = dataclasses.replace(
+        self.schedule, train_steps=min(self.plan.train_steps, end), cooldown_every=0)
+    fraction = self.hparams.learning_rate_cooldown
+    logging.info("learning-rate cooldown: updates %d-%d, falling to 0 after update %d (%s)",
+                 budget.cooldown_start(end, fraction), end, end, source)
 
   def _log_phase(self, update: int) -> None:
     """With an accumulation schedule: says when the next update starts another phase."""
@@ -481,12 +538,13 @@ class Trainer:
   def _log(self, update: int, clock: _Clock) -> None:
     """One progress line and the train summaries of the updates since the previous one
     (the window, then emptied; the learning rate and norm of the last read)."""
-    plan, window, read = self.plan, self._window, self._last_read
+    window, read = self._window, self._last_read
     now = time.time()
     elapsed = max(now - clock.window_start, 1e-9)
     clock.window_start = now
     window_updates, window_tokens = max(window["updates"], 1), window["tokens"]
-    remaining = (plan.train_steps - update) / max(window_updates / elapsed, 1e-9)
+    end = self.schedule.train_steps  # --train_steps, or the end of a cooldown
+    remaining = (end - update) / max(window_updates / elapsed, 1e-9)
     if clock.deadline is not None:
       remaining = min(remaining, clock.deadline - now)
     tokens_per_second = window_tokens / elapsed
@@ -495,7 +553,7 @@ class Trainer:
     for name in window:
       window[name] = 0
     logging.info("update %d/%d (micro-step %d): loss %.4f, lr %.3g, %.0f tokens/s, "
-                 "%.0f tokens/update, %.1f%% padding, ETA %s", update, plan.train_steps,
+                 "%.0f tokens/update, %.1f%% padding, ETA %s", update, end,
                  read["micro_step"], loss, read["learning_rate"], tokens_per_second,
                  window_tokens / window_updates, 100 * padding, format_duration(remaining))
     with self.train_writer.as_default(step=update):  # a no-op writer off the chief

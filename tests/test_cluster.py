@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TINY_FLAGS, finish, start_workers, wait
+from conftest import TINY_FLAGS, TINY_HPARAMS, finish, start_workers, wait
 
 PROGRAM = "t2t-lite-trainer"
 
@@ -34,11 +34,16 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   """Evaluations with BLEU at updates 5 and 10, which are not log (every 4) or save updates:
   every worker reads the window there (the crash was only the chief reading it). Dev loss
   cannot improve by 100, so early stopping ends the run at update 10 on both workers. Both
-  started from the one checkpoint the chief resolved and end with equal weights."""
+  started from the one checkpoint the chief resolved and end with equal weights. The
+  schedule has a cooldown and the run a time budget: the chief's projections of it are
+  shared at updates 4 and 8 (the budget allows more than --train_steps, so the end is 12)."""
   output_dir = str(tmp_path / "run")
   source = tiny_run["output_dir"]
+  schedule = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size*linear_cooldown"
   workers = finish(start_workers(flags_for(
-      tiny_run["data_dir"], output_dir, "--train_steps=12", "--local_eval_frequency=5",
+      tiny_run["data_dir"], output_dir, "--train_minutes=30",
+      f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
+      f"learning_rate_schedule={schedule}", "--train_steps=12", "--local_eval_frequency=5",
       "--log_every=4", "--eval_steps=2", "--eval_bleu_sentences=8",
       "--save_checkpoints_steps=0", "--eval_early_stopping_steps=5",
       "--eval_early_stopping_metric_delta=100", f"--warm_start_from={source}")))
@@ -57,6 +62,8 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   for worker in workers:
     assert [line.split("update ")[1].split("/")[0] for line in worker.lines
             if "/12 (micro-step" in line] == ["4", "8"]
+    assert ("learning-rate cooldown: updates 10-12, falling to 0 after update 12 (the time "
+            "budget's projection at update 8") in worker.err, worker.err[-3000:]
   newest = os.path.join(source, os.path.basename(tf.train.latest_checkpoint(source)))
   for worker in workers:
     assert f"warm start from {newest}: model weights; update 0" in worker.err

@@ -155,8 +155,9 @@ def test_every_hparam_is_read_or_refused(train_file):
     if read_by[name] is None:
       ignored.append(name)
   assert not ignored, f"accepted and ignored: {ignored}"
+  # learning_rate_cooldown: refused unless the schedule has the factor that reads it
   assert set(refusals) == {"model", "optimizer", "layer_preprocess_sequence",
-                           "layer_postprocess_sequence"}, refusals
+                           "layer_postprocess_sequence", "learning_rate_cooldown"}, refusals
   assert read_by["max_consecutive_nonfinite"] == "_guard"
   assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"
   assert read_by["shuffle_buffer_size"] == "_data" and read_by["label_smoothing"] == "_model"

@@ -1,0 +1,113 @@
+"""The learning-rate cooldown: its factor, the last update a time budget fixes for it, and
+that a resumed run keeps that update."""
+
+import pytest
+
+from conftest import tiny_hparams
+from t2t_lite import budget, hparams_check, optimize, registry
+from t2t_lite.decide import (Agreed, Checkpointing, Evaluation, Progress, Schedule, Stopping,
+                             decide)
+from t2t_lite.errors import UsageError
+from t2t_lite.steps import plan
+from t2t_lite.train import RunOptions, Trainer
+from test_train import _scalars
+
+SCHEDULE = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size*linear_cooldown"
+
+
+def _rate(hparams, update, end=0):
+  return float(optimize.learning_rate(hparams, update, end))
+
+
+def test_the_cooldown_falls_linearly_to_zero_over_the_last_updates_of_the_run():
+  hparams = tiny_hparams(learning_rate_schedule=SCHEDULE, learning_rate_warmup_steps=2,
+                         learning_rate_cooldown=0.3)
+  plain = tiny_hparams(learning_rate_warmup_steps=2)
+  # E = 10: L = ceil(0.3 x 10) = 3 updates; factors 1, 1, 2/3, 1/3 at updates 7-10, then 0
+  factors = [_rate(hparams, u, 10) / _rate(plain, u) for u in range(1, 12)]
+  assert factors == pytest.approx([1] * 8 + [2 / 3, 1 / 3, 0], abs=1e-6)
+  assert budget.cooldown_length(10, 0.3) == 3 and budget.cooldown_start(10, 0.3) == 9
+  # not fixed yet (E = 0): the schedule without the factor
+  assert [_rate(hparams, u) for u in (1, 5, 50)] == [_rate(plain, u) for u in (1, 5, 50)]
+  bad = tiny_hparams(learning_rate_schedule=SCHEDULE, learning_rate_cooldown=0.0)
+  with pytest.raises(UsageError, match=r"learning_rate_cooldown=0.0: must be in \(0, 1\]"):
+    hparams_check.check(bad)
+  unread = tiny_hparams(learning_rate_cooldown=0.5)
+  with pytest.raises(UsageError, match="learning_rate_cooldown=0.5 is read only by the "
+                     "linear_cooldown factor, which learning_rate_schedule="):
+    hparams_check.check(unread)
+
+
+def test_the_budget_is_projected_at_the_measured_pace_and_fixed_before_the_cooldown():
+  pace = budget.Pace(update=25, time=100.0)
+  assert pace.project(25, 100.0, 1000.0, 10 ** 5) is None  # nothing timed yet
+  # 75 updates in 30 s = 2.5 a second; 600 s left -> 1500 x 0.98 = 1470 more
+  assert pace.project(100, 130.0, 730.0, 10 ** 5) == 100 + 1470
+  assert pace.project(100, 130.0, 730.0, 1000) == 1000  # --train_steps comes first
+  assert pace.project(100, 130.0, 120.0, 10 ** 5) == 101  # past the deadline: the next one
+  # E = 1570, c = 0.3: L = 471, the cooldown starts at update 1101; checks every 25
+  assert not budget.fix_now(1075, 1570, 0.3, 25)
+  assert budget.fix_now(1076, 1570, 0.3, 25)
+
+
+def test_budget_checks_are_due_every_interval_until_the_end_is_fixed():
+  schedule = Schedule(train_steps=1000, log_every=0, cooldown_every=25)
+  assert decide(Progress(tried=25, seen=24), Agreed(), schedule).read
+  assert not decide(Progress(tried=26, seen=25), Agreed(), schedule).read
+  assert decide(Progress(tried=25, seen=24, applied=25), Agreed(), schedule).plan
+  # not at a stop, and not for an update that was not applied
+  assert not decide(Progress(tried=25, seen=24, applied=25), Agreed(out_of_time=True),
+                    schedule).plan
+  assert not decide(Progress(tried=25, seen=25, applied=25), Agreed(), schedule).plan
+  fixed = Schedule(train_steps=1000, log_every=0)
+  assert not decide(Progress(tried=25, seen=24), Agreed(), fixed).read
+
+
+def _trainer(output_dir, data_dir, train_steps, minutes=0.0):
+  hparams = tiny_hparams(learning_rate_schedule=SCHEDULE, learning_rate_warmup_steps=8)
+  run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=3,
+                   evaluation=Evaluation(frequency=0), log_every=5,
+                   checkpointing=Checkpointing(save_steps=0),
+                   stopping=Stopping(train_minutes=minutes))
+  problem = registry.problem("translate_ende_multi30k")
+  return Trainer(hparams, problem, plan(hparams, 1, train_steps), run), hparams
+
+
+def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k_data,
+                                                                        tmp_path):
+  """A 6-second budget: the end is projected from the pace and fixed; the learning rate
+  logged at the last update is the cooldown's; resumed, the run ends at the same update."""
+  output_dir = tmp_path / "run"
+  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.1)
+  first = trainer.train()
+  end = int(trainer.learner.cooldown_end.numpy())
+  assert 10 < end < 10 ** 5, first  # checks at updates 5 (the pace starts), 10, ...
+  length = budget.cooldown_length(end, hparams.learning_rate_cooldown)
+  # the deadline may come a little before the end, never before the cooldown started
+  assert end - length < first["updates"] <= end, (first, end)
+  if first["updates"] == end:
+    assert first["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
+  rates = dict(_scalars(output_dir / "train")["learning_rate"])
+  last = first["updates"]
+  assert rates[last] == pytest.approx(_rate(hparams, last, end), rel=1e-5)
+  assert rates[last] < 0.5 * _rate(hparams, last)
+
+  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.1)
+  second = resumed.train()
+  assert int(resumed.learner.cooldown_end.numpy()) == end
+  assert second["updates"] == end
+  assert second["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
+
+
+def test_without_a_budget_the_cooldown_ends_at_train_steps_and_stays_there(multi30k_data,
+                                                                          tmp_path):
+  trainer, hparams = _trainer(tmp_path / "run", multi30k_data, 4)
+  assert trainer.train()["stop_reason"] == "train_steps reached"
+  assert int(trainer.learner.cooldown_end.numpy()) == 4
+  rates = dict(_scalars(tmp_path / "run" / "train")["learning_rate"])
+  # L = ceil(0.3 x 4) = 2: update 4 at half the rate
+  assert rates[4] == pytest.approx(_rate(hparams, 4) / 2, rel=1e-5)
+  longer, _ = _trainer(tmp_path / "run", multi30k_data, 8)
+  result = longer.train()
+  assert result["updates"] == 4
+  assert result["stop_reason"] == "the learning-rate cooldown's last update (4) reached"
