@@ -451,9 +451,9 @@ class Trainer:
     learner = self.learner
     if not learner.cooldown:
       return
-    end = int(learner.cooldown_end.numpy())
+    end, source = int(learner.cooldown_end.numpy()), "recorded in the run"
     if end == 0 and not self.options.stopping.train_minutes:
-      end = self.plan.train_steps
+      end, source = self.plan.train_steps, "--train_steps"
       learner.cooldown_end.assign(end)
     if end == 0:
       self.schedule = dataclasses.replace(self.schedule,
@@ -462,7 +462,7 @@ class Trainer:
                    "budget allows, projected every %d updates until it starts",
                    self.hparams.learning_rate_cooldown, self.schedule.cooldown_every)
       return
-    self._fix_end(end, update, "recorded in the run" if update else "--train_steps")
+    self._fix_end(end, source)
     if end < self.plan.train_steps and update >= end:
       logging.info("this run ended at update %d, the end of its learning-rate cooldown; to "
                    "train longer, start a new run with --warm_start_from=%s", end,
@@ -480,11 +480,11 @@ class Trainer:
     fraction = self.hparams.learning_rate_cooldown
     if projected and budget.fix_now(update, projected, fraction, self.schedule.cooldown_every):
       self.learner.cooldown_end.assign(projected)
-      self._fix_end(projected, update, f"the time budget's projection at update {update}, "
+      self._fix_end(projected, f"the time budget's projection at update {update}, "
                     f"{(update - self._pace.update) / (now - self._pace.time) * 60:.0f} "
                     "updates a minute")
 
-  def _fix_end(self, end: int, update: int, source: str) -> None:
+  def _fix_end(self, end: int, source: str) -> None:
     self.schedule = dataclasses.replace(
         self.schedule, train_steps=min(self.plan.train_steps, end), cooldown_every=0)
     fraction = self.hparams.learning_rate_cooldown
