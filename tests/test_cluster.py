@@ -35,8 +35,9 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   every worker reads the window there (the crash was only the chief reading it). Dev loss
   cannot improve by 100, so early stopping ends the run at update 10 on both workers. Both
   started from the one checkpoint the chief resolved and end with equal weights. The
-  schedule has a cooldown and the run a time budget: the chief's projections of it are
-  shared at updates 4 and 8 (the budget allows more than --train_steps, so the end is 12)."""
+  schedule has a cooldown and the run a time budget: the pace is measured from update 4 and
+  the chief's projection shared at update 8 (the budget allows more than --train_steps, so
+  the end is 12)."""
   output_dir = str(tmp_path / "run")
   source = tiny_run["output_dir"]
   schedule = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size*linear_cooldown"
