@@ -116,9 +116,9 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   evaluation or the end, and whenever a stop was agreed. Once read, actions keyed to an
   update number wait for the update that really reaches it: after skipped updates, the
   applied count is lower than the count tried, and nothing is due until an applied update
-  is new. A stop always saves
-  (the final checkpoint), and so does an evaluation, before it evaluates (as tensor2tensor
-  evaluates saved checkpoints): an evaluation that fails loses no update, on any worker.
+  is new. A stop always saves (the final checkpoint), and so does an evaluation, before it
+  evaluates (as tensor2tensor evaluates saved checkpoints): an evaluation that fails loses no
+  update, on any worker.
   """
   checkpointing = schedule.checkpointing
   frequency = schedule.evaluation.frequency
