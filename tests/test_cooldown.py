@@ -75,24 +75,25 @@ def _trainer(output_dir, data_dir, train_steps, minutes=0.0):
 
 def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k_data,
                                                                         tmp_path):
-  """A 6-second budget: the end is projected from the pace and fixed; the learning rate
-  logged at the last update is the cooldown's; resumed, the run ends at the same update."""
+  """A 9-second budget (the first updates trace the steps: a loaded machine needs the
+  margin). The end is projected from the pace and fixed; the learning rate logged at the
+  last update is the cooldown's; resumed, the run ends at the same update."""
   output_dir = tmp_path / "run"
-  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.1)
+  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15)
   first = trainer.train()
   end = int(trainer.learner.cooldown_end.numpy())
   assert 10 < end < 10 ** 5, first  # checks at updates 5 (the pace starts), 10, ...
   length = budget.cooldown_length(end, hparams.learning_rate_cooldown)
   # the deadline may come a little before the end, never before the cooldown started
   assert end - length < first["updates"] <= end, (first, end)
-  if first["updates"] == end:
-    assert first["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
   rates = dict(_scalars(output_dir / "train")["learning_rate"])
   last = first["updates"]
   assert rates[last] == pytest.approx(_rate(hparams, last, end), rel=1e-5)
-  assert rates[last] < 0.5 * _rate(hparams, last)
+  if last == end:  # else the deadline came first, inside the cooldown
+    assert first["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
+    assert rates[last] == pytest.approx(_rate(hparams, last) / length, rel=1e-5)
 
-  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.1)
+  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15)
   second = resumed.train()
   assert int(resumed.learner.cooldown_end.numpy()) == end
   assert second["updates"] == end
