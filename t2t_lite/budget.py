@@ -39,12 +39,18 @@ class Pace:
   update: int
   time: float
 
+  def rate(self, update: int, now: float) -> float | None:
+    """Updates per second since the reference; None before any update was timed."""
+    if update <= self.update or now <= self.time:
+      return None
+    return (update - self.update) / (now - self.time)
+
   def project(self, update: int, now: float, deadline: float, train_steps: int) -> int | None:
     """The update the deadline is reached at, at the pace since the reference (at most
     `train_steps`); None before any update was timed."""
-    if update <= self.update or now <= self.time:
+    rate = self.rate(update, now)
+    if rate is None:
       return None
-    rate = (update - self.update) / (now - self.time)
     ahead = int(MARGIN * rate * max(deadline - now, 0.0))
     return min(update + max(ahead, 1), train_steps)
 

@@ -481,7 +481,7 @@ class Trainer:
     if projected and budget.fix_now(update, projected, fraction, self.schedule.cooldown_every):
       self.learner.cooldown_end.assign(projected)
       self._fix_end(projected, f"the time budget's projection at update {update}, "
-                    f"{(update - self._pace.update) / (now - self._pace.time) * 60:.0f} "
+                    f"{(self._pace.rate(update, now) or 0.0) * 60:.0f} "
                     "updates a minute")
 
   def _fix_end(self, end: int, source: str) -> None:
