@@ -49,6 +49,11 @@ def basic_params() -> HParams:
       learning_rate_warmup_steps=8000,
       # Fraction of the run's updates over which a `linear_cooldown` factor (ours) falls to 0.
       learning_rate_cooldown=COOLDOWN,
+      # Ours: the residual and embedding dropout rises linearly from dropout_ramp_initial at
+      # update dropout_ramp_start to layer_prepostprocess_dropout at dropout_ramp_end (0: off).
+      dropout_ramp_start=0,
+      dropout_ramp_end=0,
+      dropout_ramp_initial=0.0,
       clip_grad_norm=0.0,
       max_consecutive_nonfinite=5,
       # Numerics.
@@ -146,4 +151,8 @@ def transformer_multi30k_cpu() -> HParams:
   hparams.learning_rate_constant = 0.5
   hparams.learning_rate_warmup_steps = 250
   hparams.learning_rate_schedule += "*linear_cooldown"
+  hparams.layer_prepostprocess_dropout = 0.3
+  hparams.dropout_ramp_initial = 0.1
+  hparams.dropout_ramp_start = 400
+  hparams.dropout_ramp_end = 1200
   return hparams

@@ -38,6 +38,26 @@ def has_cooldown(hparams) -> bool:
   return "linear_cooldown" in (f.strip() for f in hparams.learning_rate_schedule.split("*"))
 
 
+def has_dropout_ramp(hparams) -> bool:
+  """Whether the residual dropout rises during training (see optimize.residual_dropout)."""
+  return hparams.dropout_ramp_end > 0
+
+
+def check_dropout_ramp(hparams) -> None:
+  if not has_dropout_ramp(hparams):
+    for name in ("dropout_ramp_start", "dropout_ramp_initial"):
+      if getattr(hparams, name) != 0:
+        raise UsageError(f"{name}={getattr(hparams, name)} is read only by a dropout ramp, "
+                         f"which dropout_ramp_end={hparams.dropout_ramp_end} turns off; set "
+                         "dropout_ramp_end to the update where the ramp reaches "
+                         "layer_prepostprocess_dropout, or drop it")
+    return
+  if not 0 <= hparams.dropout_ramp_start < hparams.dropout_ramp_end:
+    raise UsageError(f"dropout_ramp_start={hparams.dropout_ramp_start}: must be at least 0 and "
+                     f"below dropout_ramp_end={hparams.dropout_ramp_end} (updates)")
+  _fraction(hparams, "dropout_ramp_initial")
+
+
 def check_schedule(hparams) -> None:
   for factor in hparams.learning_rate_schedule.split("*"):
     if factor.strip() not in SCHEDULE_FACTORS:
@@ -88,6 +108,7 @@ def check(hparams) -> None:
     raise UsageError(f"learning_rate_cooldown={hparams.learning_rate_cooldown}: must be in "
                      "(0, 1] (the fraction of the run's updates that the linear_cooldown "
                      "factor of learning_rate_schedule spans)")
+  check_dropout_ramp(hparams)
   if hparams.hidden_size % hparams.num_heads:
     raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
                      f"num_heads={hparams.num_heads}")

@@ -22,7 +22,7 @@ import tensorflow as tf
 from t2t_lite import faults as faults_lib
 from t2t_lite import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
-from t2t_lite.optimize import Adam, GradientAccumulator, learning_rate
+from t2t_lite.optimize import Adam, GradientAccumulator, learning_rate, residual_dropout
 from t2t_lite.steps import AccumulateSchedule
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -132,7 +132,8 @@ class Learner:
     self.replicas = self.strategy.num_replicas_in_sync
     self.dropout_on = any(rate > 0 for rate in (hparams.layer_prepostprocess_dropout,
                                                  hparams.attention_dropout,
-                                                 hparams.relu_dropout))
+                                                 hparams.relu_dropout,
+                                                 hparams.dropout_ramp_initial))
     self.faults = faults or faults_lib.NoFaults()
     # host mirrors of in_update, update_step and micro_step
     self._position = self._updates_done = self._micro_step = None
@@ -211,17 +212,20 @@ class Learner:
   # --- one replica -------------------------------------------------------------------
   def _gradients(self, batch):
     """Gradients of the summed token loss of `batch` on this replica (dense, float32)."""
-    seed = None
+    seed = rate = None
     if self.dropout_on:
       replica = tf.distribute.get_replica_context().replica_id_in_sync_group
       seed = tf.stack([tf.constant(self.seed, tf.int64),
                        self.micro_step * self.replicas + tf.cast(replica, tf.int64)])
-    return self._loss_gradients(batch, seed)
+      # the update this micro-batch belongs to; None unless the hparams ramp the dropout
+      rate = residual_dropout(self.hparams, self.update_step + 1)
+    return self._loss_gradients(batch, seed, rate)
 
-  def _loss_gradients_of(self, batch, seed):
+  def _loss_gradients_of(self, batch, seed, rate=None):
     """The forward and backward pass of `_gradients` (what XLA compiles, if asked)."""
     with tf.GradientTape() as tape:
-      loss, tokens = self.model.loss(batch["inputs"], batch["targets"], seed)
+      loss, tokens = self.model.loss(batch["inputs"], batch["targets"], seed,
+                                     residual_rate=rate)
       scaled = self.faults.loss(loss, self.micro_step + 1)  # the loss itself, but in tests
       if self.loss_scale is not None:
         # Scale the per-token mean, not the sum: a summed loss times 2^15 would overflow

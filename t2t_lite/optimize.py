@@ -1,4 +1,4 @@
-"""Learning-rate schedules counted in updates, and Adam applied once per update.
+"""Learning-rate and dropout schedules counted in updates, and Adam applied once per update.
 
 Adam here is tensor2tensor's (tf.train.AdamOptimizer): bias-corrected step size
 lr * sqrt(1 - b2^t) / (1 - b1^t), epsilon outside the square root, t = updates so far + 1.
@@ -11,9 +11,27 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from t2t_lite import hparams_check
 from t2t_lite.errors import UsageError
 
 from t2t_lite.hparams_check import check_schedule  # noqa: F401 (re-exported)
+
+
+def residual_dropout(hparams, update):
+  """The residual and embedding dropout rate of update number `update` (1 = the first) when
+  the hparams have a dropout ramp (dropout_ramp_end > 0), else None (the constant
+  layer_prepostprocess_dropout, a Python number in the model).
+
+  Ours, not tensor2tensor's: the rate is dropout_ramp_initial up to update dropout_ramp_start,
+  rises linearly to layer_prepostprocess_dropout at update dropout_ramp_end and stays there.
+  A function of the update alone, so a resumed run, or any layout, trains with the same rates.
+  """
+  if not hparams_check.has_dropout_ramp(hparams):
+    return None
+  start, end = float(hparams.dropout_ramp_start), float(hparams.dropout_ramp_end)
+  progress = tf.clip_by_value((tf.cast(update, tf.float32) - start) / (end - start), 0.0, 1.0)
+  initial = hparams.dropout_ramp_initial
+  return initial + (hparams.layer_prepostprocess_dropout - initial) * progress
 
 
 def learning_rate(hparams, update, cooldown_end=0):

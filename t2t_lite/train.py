@@ -33,7 +33,7 @@ from absl import logging
 from t2t_lite import budget
 from t2t_lite import data as data_lib
 from t2t_lite import faults as faults_lib
-from t2t_lite import formats, rundir
+from t2t_lite import formats, hparams_check, rundir
 from t2t_lite.checkpoints import Checkpoints, checkpoint_number, warm_start, warm_start_source
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
@@ -334,6 +334,11 @@ class Trainer:
           os.path.join(self.options.output_dir, "train"))
     for line in self.plan.lines():
       logging.info("%s", line)
+    hparams = self.hparams
+    if hparams_check.has_dropout_ramp(hparams):
+      logging.info("residual dropout: %g until update %d, rising linearly to %g at update %d",
+                   hparams.dropout_ramp_initial, hparams.dropout_ramp_start,
+                   hparams.layer_prepostprocess_dropout, hparams.dropout_ramp_end)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:
       signal.signal(s, self._on_signal)

@@ -26,6 +26,8 @@ CHANGES = {
     "batch_size": 96, "effective_batch_tokens": 128, "num_heads": 4, "max_length": 24,
     "min_length_bucket": 16, "length_bucket_step": 1.5, "hidden_size": 32,
     "optimizer_multistep_accumulate_schedule": "1@0;2@5",
+    # a ramp that ends at update 1 would give update 1 the constant rate
+    "dropout_ramp_end": 4,
 }
 
 
@@ -155,9 +157,12 @@ def test_every_hparam_is_read_or_refused(train_file):
     if read_by[name] is None:
       ignored.append(name)
   assert not ignored, f"accepted and ignored: {ignored}"
-  # learning_rate_cooldown: refused unless the schedule has the factor that reads it
+  # learning_rate_cooldown: refused unless the schedule has the factor that reads it;
+  # dropout_ramp_start and _initial: refused unless dropout_ramp_end turns the ramp on
   assert set(refusals) == {"model", "optimizer", "layer_preprocess_sequence",
-                           "layer_postprocess_sequence", "learning_rate_cooldown"}, refusals
+                           "layer_postprocess_sequence", "learning_rate_cooldown",
+                           "dropout_ramp_start", "dropout_ramp_initial"}, refusals
+  assert read_by["dropout_ramp_end"] == "_optimizer"
   assert read_by["max_consecutive_nonfinite"] == "_guard"
   assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"
   assert read_by["shuffle_buffer_size"] == "_data" and read_by["label_smoothing"] == "_model"

@@ -97,7 +97,9 @@ def test_dropout_zeroes_the_rate_and_keeps_the_mean():
   assert np.all((y == 0.0) | np.isclose(y, keep_scale(0.1, _seeds())))
   assert abs(y.mean() - 1.0) < 0.005
   assert keep_scale(0.1, None) == 1.0 and keep_scale(0.0, _seeds()) == 1.0
-  assert keep_scale(0.1, _seeds()) == 65536.0 / (65536 - 6554)
+  assert keep_scale(0.1, _seeds()) == float(np.float32(65536.0) / np.float32(65536 - 6554))
+  # a tensor rate: the same threshold and the same float32 scale
+  assert float(keep_scale(tf.constant(0.1), _seeds())) == keep_scale(0.1, _seeds())
 
 
 def test_dropout_scale_folded_into_the_next_layer_is_the_same_dropout():

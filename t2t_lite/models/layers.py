@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 
 class SeedStream:
-  """Distinct stateless seeds for each dropout site of one forward pass."""
+  """Distinct stateless seeds for each dropout site of one forward pass, and the pass's
+  residual dropout rate when it changes during training (`residual_rate`, a scalar tensor;
+  None: the hparams' layer_prepostprocess_dropout, see t2t_lite.optimize.residual_dropout)."""
 
-  def __init__(self, seed):
+  def __init__(self, seed, residual_rate=None):
     self._seed = None if seed is None else tf.cast(seed, tf.int64)
     self._site = 0
+    self.residual_rate = residual_rate
+
+  def residual(self, default: float):
+    """The residual (and embedding) dropout rate of this pass."""
+    return default if self.residual_rate is None else self.residual_rate
 
   @property
   def seeded(self) -> bool:
@@ -30,20 +38,41 @@ class SeedStream:
     return tf.random.experimental.stateless_fold_in(self._seed, self._site)
 
 
-def _active(rate: float, seeds: SeedStream | None) -> bool:
-  return seeds is not None and seeds.seeded and rate > 0.0
+def is_tensor(value) -> bool:
+  """A rate or scale that is a tensor (it varies by update) rather than a Python number."""
+  return isinstance(value, (tf.Tensor, tf.Variable))
 
 
-def _threshold(rate: float) -> int:
+def is_one(scale) -> bool:
+  return not is_tensor(scale) and scale == 1.0
+
+
+def _active(rate, seeds: SeedStream | None) -> bool:
+  # A tensor rate is applied even at 0 (the masks then keep everything).
+  return seeds is not None and seeds.seeded and (is_tensor(rate) or rate > 0.0)
+
+
+def _threshold(rate):
+  """The 16-bit threshold below which an element is dropped: a Python int, or an int32
+  tensor for a tensor rate (the same value for the same rate)."""
+  if is_tensor(rate):
+    return tf.cast(tf.minimum(tf.round(tf.cast(rate, tf.float32) * 65536.0), 65535.0), tf.int32)
   return min(int(round(rate * 65536)), 65535)
 
 
-def keep_scale(rate: float, seeds: SeedStream | None) -> float:
-  """1 / keep probability of dropout at `rate` (1.0 when dropout is off)."""
-  return 65536.0 / (65536 - _threshold(rate)) if _active(rate, seeds) else 1.0
+def keep_scale(rate, seeds: SeedStream | None):
+  """1 / keep probability of dropout at `rate` (1.0 when dropout is off); a float32 tensor
+  for a tensor rate."""
+  if not _active(rate, seeds):
+    return 1.0
+  if is_tensor(rate):
+    return 65536.0 / (65536.0 - tf.cast(_threshold(rate), tf.float32))
+  # In float32, as for a tensor rate: the product of two scales (see Dense) is then the
+  # same number whether the rates are Python numbers or tensors.
+  return float(np.float32(65536.0) / np.float32(65536 - _threshold(rate)))
 
 
-def dropout(x, rate: float, seeds: SeedStream | None, scaled: bool = True,
+def dropout(x, rate, seeds: SeedStream | None, scaled: bool = True,
             relu: bool = False):
   """Inverted dropout: zeroes each element with probability `rate` (to 1 / 65536), scales the
   rest by 1 / keep probability. With `scaled=False` the rest is left as it is and the caller
@@ -67,13 +96,16 @@ def _dropout(x, rate, seeds, scale, relu):
   words = tf.random.stateless_uniform([(size + 3) // 4], seeds.next(), minval=None,
                                       maxval=None, dtype=tf.int64, alg="philox")
   quarters = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
-  keep = tf.reshape(quarters >= tf.constant(_threshold(rate), tf.uint16), tf.shape(x))
+  threshold = _threshold(rate)
+  threshold = (tf.cast(threshold, tf.uint16) if is_tensor(threshold)
+               else tf.constant(threshold, tf.uint16))
+  keep = tf.reshape(quarters >= threshold, tf.shape(x))
   if relu:
     keep = tf.logical_and(keep, x > tf.zeros([], x.dtype))
 
   def apply(t):
     t = tf.where(keep, t, tf.zeros([], t.dtype))
-    return t if scale == 1.0 else t * tf.cast(scale, t.dtype)
+    return t if is_one(scale) else t * tf.cast(scale, t.dtype)
 
   @tf.custom_gradient
   def masked(x):
@@ -118,17 +150,18 @@ class Dense(tf.Module):
     self.kernel = tf.Variable(init.glorot([in_dim, out_dim]), name="kernel")
     self.bias = tf.Variable(tf.zeros([out_dim]), name="bias") if use_bias else None
 
-  def __call__(self, x, scale: float = 1.0, input_scale: float = 1.0):
+  def __call__(self, x, scale=1.0, input_scale=1.0):
     """scale * ((input_scale * x) W + b), with both factors applied to W and b (dropouts'
-    keep scales: of this layer's output and of its input), not to x or x W."""
+    keep scales: of this layer's output and of its input), not to x or x W. Either factor
+    may be a float32 tensor."""
     shape = tf.shape(x)
     kernel = tf.cast(self.kernel, x.dtype)
-    if scale * input_scale != 1.0:
+    if not (is_one(scale) and is_one(input_scale)):
       kernel = kernel * tf.cast(scale * input_scale, x.dtype)
     y = tf.matmul(tf.reshape(x, [-1, shape[-1]]), kernel)
     if self.bias is not None:
       bias = tf.cast(self.bias, x.dtype)
-      y = add_bias(y, bias if scale == 1.0 else bias * tf.cast(scale, x.dtype))
+      y = add_bias(y, bias if is_one(scale) else bias * tf.cast(scale, x.dtype))
     return tf.reshape(y, tf.concat([shape[:-1], [self.kernel.shape[1]]], 0))
 
 
@@ -222,7 +255,7 @@ class Attention(tf.Module):
     return split_parts_and_heads(self.kv(memory), 2, self.num_heads)
 
   def __call__(self, x, bias, rate: float = 0.0, seeds=None, memory=None, cache=None,
-               scale: float = 1.0):
+               scale=1.0):
     """x: [B, T, D]; bias: broadcastable to [B, H, T, S] (float32, -1e9 where masked);
     the output is multiplied by `scale` (see Dense).
 
@@ -278,7 +311,7 @@ class FeedForward(tf.Module):
     self.inner = Dense(init, hidden, filter_size, True, "inner")
     self.outer = Dense(init, filter_size, hidden, True, "outer")
 
-  def __call__(self, x, rate: float = 0.0, seeds=None, scale: float = 1.0):
+  def __call__(self, x, rate: float = 0.0, seeds=None, scale=1.0):
     """The output is multiplied by `scale` (see Dense)."""
     return self.outer(dropout(self.inner(x), rate, seeds, scaled=False, relu=True), scale,
                       keep_scale(rate, seeds))

@@ -185,6 +185,8 @@ class Block(tf.Module):
 
   def __call__(self, x, self_bias, seeds=None, memory=None, memory_bias=None, cache=None):
     post, attn, relu = self.rates if seeds is not None else (0.0, 0.0, 0.0)
+    if seeds is not None:
+      post = seeds.residual(post)
     new_self = []
 
     def self_attention(y, scale):
@@ -263,7 +265,7 @@ class Transformer(tf.Module):
     """inputs [B, S] -> (encoder output [B, S, D], attention bias [B, 1, 1, S])."""
     bias = padding_bias(inputs)
     x = self._embed(inputs, self.embedding, tf.range(tf.shape(inputs)[1]))
-    x = dropout(x, self.rate, seeds)
+    x = dropout(x, self._residual_rate(seeds), seeds)
     for block in self.encoder:
       x, _ = block(x, bias, seeds)
     return (self.encoder_norm(x) if self.pre_norm else x), bias
@@ -275,17 +277,21 @@ class Transformer(tf.Module):
   def _decoder_states(self, targets_in, memory, memory_bias, seeds=None):
     """The decoder's last hidden states [B, T, D] (compute dtype), before the softmax."""
     length = tf.shape(targets_in)[1]
-    x = dropout(self._embed(targets_in, self._target_table(), tf.range(length)), self.rate,
-                seeds)
+    x = dropout(self._embed(targets_in, self._target_table(), tf.range(length)),
+                self._residual_rate(seeds), seeds)
     bias = causal_bias(length)
     for block in self.decoder:
       x, _ = block(x, bias, seeds, memory, memory_bias)
     return self.decoder_norm(x) if self.pre_norm else x
 
-  def _teacher_forced(self, inputs, targets, seed=None):
+  def _residual_rate(self, seeds):
+    return self.rate if seeds is None else seeds.residual(self.rate)
+
+  def _teacher_forced(self, inputs, targets, seed=None, residual_rate=None):
     """The decoder's last states [B, T, D] for `targets` given `inputs` (the decoder reads
-    the targets shifted right); dropout on when `seed` is given."""
-    seeds = None if seed is None else SeedStream(seed)
+    the targets shifted right); dropout on when `seed` is given, the residual and embedding
+    dropout at `residual_rate` (a scalar tensor) if given, else layer_prepostprocess_dropout."""
+    seeds = None if seed is None else SeedStream(seed, residual_rate)
     memory, memory_bias = self.encode(inputs, seeds)
     targets_in = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
     return self._decoder_states(targets_in, memory, memory_bias, seeds)
@@ -295,13 +301,15 @@ class Transformer(tf.Module):
     given."""
     return self._logits(self._teacher_forced(inputs, targets, seed))
 
-  def loss(self, inputs, targets, seed=None, smoothing: float | None = None):
+  def loss(self, inputs, targets, seed=None, smoothing: float | None = None,
+           residual_rate=None):
     """(summed label-smoothed loss over non-padding tokens, their count), both float32.
 
     `smoothing` defaults to the hparams' label_smoothing; 0 gives the plain negative
-    log-likelihood (what dev loss and perplexity report).
+    log-likelihood (what dev loss and perplexity report). `residual_rate`: see
+    _teacher_forced.
     """
-    states = self._teacher_forced(inputs, targets, seed)
+    states = self._teacher_forced(inputs, targets, seed, residual_rate)
     weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
     table = self.embedding if self.shared else self.softmax.kernel
     total = projected_cross_entropy(states, tf.convert_to_tensor(table), targets, weights,
