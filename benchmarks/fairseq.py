@@ -7,14 +7,14 @@ fairseq is not a dependency of t2t-lite: point --fairseq_bin at the bin/ folder 
 environment that has `fairseq-preprocess` and `fairseq-train` (fairseq 0.12.2 and PyTorch).
 
 Both train transformer_multi30k_cpu's model (3+3 layers, 256/1024, 4 heads, shared
-embeddings and softmax, dropout 0.1 everywhere, label smoothing 0.1, Adam) at n=1 on batches
-of at most 4,096 tokens (rows x longest sequence), on the same sentencepiece pieces: our
-training shards, written out as fairseq text and binarized with our vocabulary. Training
-tokens/s is counted on the target tokens (end-of-sentence included, padding not) of updates
-`--from_update`..`--updates`, from each program's own log, over wall time; peak RSS is the
-process's high-water mark (wait4). The programs run one after another, `--rounds` times, in
-the order fairseq, t2t-lite float32, t2t-lite default precision (left out where the default
-is float32).
+embeddings and softmax, dropout 0.1 everywhere: the set without its dropout ramp; label
+smoothing 0.1, Adam) at n=1 on batches of at most 4,096 tokens (rows x longest sequence),
+on the same sentencepiece pieces: our training shards, written out as fairseq text and
+binarized with our vocabulary. Training tokens/s is counted on the target tokens
+(end-of-sentence included, padding not) of updates `--from_update`..`--updates`, from each
+program's own log, over wall time; peak RSS is the process's high-water mark (wait4). The
+programs run one after another, `--rounds` times, in the order fairseq, t2t-lite float32,
+t2t-lite default precision (left out where the default is float32).
 
 `--isa` caps the instruction set both programs' kernels may use (oneDNN's, MKL's and
 PyTorch's own), to measure on this machine what a CPU with only that set would run: its
@@ -41,6 +41,18 @@ import tempfile
 from t2t_lite.files import write_atomic
 
 HPARAMS_SET = "transformer_multi30k_cpu"
+# fairseq has one constant dropout: both programs train at the set's starting rate, without
+# its dropout ramp.
+CONSTANT_DROPOUT = ("layer_prepostprocess_dropout=0.1,dropout_ramp_initial=0.0,"
+                    "dropout_ramp_start=0,dropout_ramp_end=0")
+
+
+def bench_hparams():
+  """The hparams both programs train with: HPARAMS_SET at CONSTANT_DROPOUT."""
+  from t2t_lite import registry
+  hparams = registry.hparams(HPARAMS_SET)
+  hparams.parse(CONSTANT_DROPOUT)
+  return hparams
 
 # --isa: the environment that caps each library's kernels, and the /proc/cpuinfo flag the
 # CPU needs for the cap to mean anything.
@@ -169,7 +181,8 @@ def t2t_train_args(problem: str, data_dir: str, output_dir: str, updates: int, s
                    mixed_precision: bool) -> list[str]:
   trainer = os.path.join(os.path.dirname(sys.executable), "t2t-lite-trainer")
   return [trainer, f"--problem={problem}", f"--hparams_set={HPARAMS_SET}",
-          f"--hparams=mixed_precision={str(mixed_precision).lower()}", f"--data_dir={data_dir}",
+          f"--hparams=mixed_precision={str(mixed_precision).lower()},{CONSTANT_DROPOUT}",
+          f"--data_dir={data_dir}",
           f"--output_dir={output_dir}", f"--train_steps={updates}", "--log_every=10",
           "--local_eval_frequency=0", "--save_checkpoints_steps=0", f"--random_seed={seed}"]
 
@@ -225,9 +238,8 @@ def _measure(name: str, args, binarized: str, work: str, round_index: int):
   slug = name.replace(" ", "_")
   log_path = os.path.join(args.out_dir, f"fairseq_bench_{slug}_{round_index}.log")
   if name == "fairseq":
-    from t2t_lite import registry
     log, rss = run_measured(fairseq_train_args(args.fairseq_bin, binarized, args.updates,
-                                               args.seed, registry.hparams(HPARAMS_SET)),
+                                               args.seed, bench_hparams()),
                             log_path)
     return tokens_per_second(fairseq_progress(log), args.from_update), rss
   output_dir = os.path.join(work, f"{slug}_{round_index}")

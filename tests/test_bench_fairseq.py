@@ -6,7 +6,7 @@ import pytest
 import sentencepiece as spm
 
 from benchmarks import fairseq as bench_fairseq
-from t2t_lite import registry
+from t2t_lite import hparams_check, registry
 
 # fairseq-train's own lines, as long as it writes them.
 FAIRSEQ_LOG = """\
@@ -134,3 +134,17 @@ def test_fairseq_trains_the_model_of_the_registered_hparams_set():
   assert flag("--label-smoothing") == "0.1" and flag("--adam-betas") == "(0.9, 0.997)"
   # the peak of our schedule: 0.5 * 250^-0.5 * 384^-0.5
   assert float(flag("--lr")) == pytest.approx(0.5 * 250 ** -0.5 * 384 ** -0.5, rel=1e-5)
+
+
+def test_both_programs_train_at_one_constant_dropout():
+  """fairseq has no dropout ramp: both train at the set's starting rate, 0.1."""
+  hparams = bench_fairseq.bench_hparams()
+  args = bench_fairseq.fairseq_train_args("bin", "data", 100, 1, hparams)
+  flag = lambda name: args[args.index(name) + 1]  # noqa: E731
+  assert flag("--dropout") == flag("--attention-dropout") == flag("--activation-dropout") == "0.1"
+  ours = bench_fairseq.t2t_train_args("p", "d", "o", 100, 1, True)
+  overrides = next(a for a in ours if a.startswith("--hparams="))[len("--hparams="):]
+  mine = registry.hparams(bench_fairseq.HPARAMS_SET)
+  mine.parse(overrides)
+  assert not hparams_check.has_dropout_ramp(mine) and mine.layer_prepostprocess_dropout == 0.1
+  hparams_check.check(mine)
