@@ -23,10 +23,6 @@ class SeedStream:
     self._site = 0
     self.residual_rate = residual_rate
 
-  def residual(self, default: float):
-    """The residual (and embedding) dropout rate of this pass."""
-    return default if self.residual_rate is None else self.residual_rate
-
   @property
   def seeded(self) -> bool:
     return self._seed is not None
@@ -36,6 +32,13 @@ class SeedStream:
     # distinct however long the run.
     self._site += 1
     return tf.random.experimental.stateless_fold_in(self._seed, self._site)
+
+
+def residual_rate(default: float, seeds: SeedStream | None):
+  """The residual (and embedding) dropout rate of a pass: its SeedStream's, else `default`."""
+  if seeds is None or seeds.residual_rate is None:
+    return default
+  return seeds.residual_rate
 
 
 def is_tensor(value) -> bool:

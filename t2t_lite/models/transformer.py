@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from t2t_lite.hparams_check import norm_placement
 from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
-                                    SeedStream, dropout, keep_scale, timing_signal)
+                                    SeedStream, dropout, keep_scale, residual_rate,
+                                    timing_signal)
 
 NEG_INF = -1e9
 
@@ -185,8 +186,7 @@ class Block(tf.Module):
 
   def __call__(self, x, self_bias, seeds=None, memory=None, memory_bias=None, cache=None):
     post, attn, relu = self.rates if seeds is not None else (0.0, 0.0, 0.0)
-    if seeds is not None:
-      post = seeds.residual(post)
+    post = residual_rate(post, seeds)
     new_self = []
 
     def self_attention(y, scale):
@@ -265,7 +265,7 @@ class Transformer(tf.Module):
     """inputs [B, S] -> (encoder output [B, S, D], attention bias [B, 1, 1, S])."""
     bias = padding_bias(inputs)
     x = self._embed(inputs, self.embedding, tf.range(tf.shape(inputs)[1]))
-    x = dropout(x, self._residual_rate(seeds), seeds)
+    x = dropout(x, residual_rate(self.rate, seeds), seeds)
     for block in self.encoder:
       x, _ = block(x, bias, seeds)
     return (self.encoder_norm(x) if self.pre_norm else x), bias
@@ -278,14 +278,11 @@ class Transformer(tf.Module):
     """The decoder's last hidden states [B, T, D] (compute dtype), before the softmax."""
     length = tf.shape(targets_in)[1]
     x = dropout(self._embed(targets_in, self._target_table(), tf.range(length)),
-                self._residual_rate(seeds), seeds)
+                residual_rate(self.rate, seeds), seeds)
     bias = causal_bias(length)
     for block in self.decoder:
       x, _ = block(x, bias, seeds, memory, memory_bias)
     return self.decoder_norm(x) if self.pre_norm else x
-
-  def _residual_rate(self, seeds):
-    return self.rate if seeds is None else seeds.residual(self.rate)
 
   def _teacher_forced(self, inputs, targets, seed=None, residual_rate=None):
     """The decoder's last states [B, T, D] for `targets` given `inputs` (the decoder reads
