@@ -3,8 +3,10 @@
 A schedule with the `linear_cooldown` factor (see optimize.learning_rate) falls to 0 over
 the last updates of the run, so it needs the run's last update E. With `--train_steps`
 alone, E = train_steps, fixed when the run starts. With a time budget (`--train_minutes`),
-E is the update the budget reaches: the loop measures the pace of its updates (saves and
-evaluations included) and projects it to the deadline at regular checks. Until the cooldown
+E is the update the budget reaches: the loop measures the pace of its micro-steps (saves
+and evaluations included) and projects it to the deadline at regular checks; with an
+accumulation schedule an update costs its phase's n micro-steps, so a projection that
+crosses a phase boundary counts the later, longer updates at their cost. Until the cooldown
 starts the factor is 1 and E is not needed, so the projection is refined at every check
 and fixed at the last check before the projected cooldown would start. Once fixed, E is
 held in the checkpoint: a resumed run keeps it, and its learning rates are those of a run
@@ -14,12 +16,17 @@ never stopped. The run stops at E (or at the deadline, if that comes first).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-# The projection keeps this share of the updates the remaining time allows at the measured
+# The projection keeps this share of the micro-steps the remaining time allows at the measured
 # pace: the last save and the stop take a little time, and a run that reaches E a few updates
 # before the deadline loses less than one cut off above the learning-rate floor.
 MARGIN = 0.98
+
+
+def _updates(update: int) -> int:
+  return update
 
 
 def cooldown_length(end: int, fraction: float) -> int:
@@ -35,9 +42,11 @@ def cooldown_start(end: int, fraction: float) -> int:
 
 @dataclass
 class Pace:
-  """Updates per second since a reference check of this process."""
+  """The pace since a reference check of this process. `micro_steps(u)`: the micro-steps of
+  updates 1..u (AccumulateSchedule.micro_steps; u itself without accumulation)."""
   update: int
   time: float
+  micro_steps: Callable[[int], int] = _updates
 
   def rate(self, update: int, now: float) -> float | None:
     """Updates per second since the reference; None before any update was timed."""
@@ -46,13 +55,24 @@ class Pace:
     return (update - self.update) / (now - self.time)
 
   def project(self, update: int, now: float, deadline: float, train_steps: int) -> int | None:
-    """The update the deadline is reached at, at the pace since the reference (at most
-    `train_steps`); None before any update was timed."""
-    rate = self.rate(update, now)
-    if rate is None:
+    """The update the deadline is reached at, at the pace of micro-steps since the reference
+    (at most `train_steps`, at least the next update); None before any update was timed."""
+    if self.rate(update, now) is None:
       return None
-    ahead = int(MARGIN * rate * max(deadline - now, 0.0))
-    return min(update + max(ahead, 1), train_steps)
+    done = self.micro_steps(update)
+    per_second = (done - self.micro_steps(self.update)) / (now - self.time)
+    reachable = done + int(MARGIN * per_second * max(deadline - now, 0.0))
+    # the last update whose micro-steps fit in `reachable` (micro_steps increases with u)
+    low, high = update + 1, train_steps
+    if self.micro_steps(high) <= reachable:
+      return high
+    while low < high:
+      middle = (low + high + 1) // 2
+      if self.micro_steps(middle) <= reachable:
+        low = middle
+      else:
+        high = middle - 1
+    return min(low, train_steps)
 
 
 def fix_now(update: int, projected: int, fraction: float, every: int) -> bool:

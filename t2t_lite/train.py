@@ -141,7 +141,7 @@ class Trainer:
             problem.manifest(options.data_dir).get("settings", {}).get("target_lang", ""))
     self.schedule = Schedule(plan.train_steps, options.stopping, options.checkpointing,
                              options.evaluation, options.log_every)
-    self._pace = None  # of the updates since the first budget check (see _plan_cooldown)
+    self._pace = None  # since the first budget check (see _plan_cooldown)
 
   def _make_iterators(self, files) -> dict:
     """The one training stream, whatever the layout: each micro-step takes the next
@@ -478,7 +478,7 @@ class Trainer:
     first check (the chief's, on a cluster) and fixes it before the cooldown would start."""
     now = time.time()
     if self._pace is None:
-      self._pace = budget.Pace(update, now)
+      self._pace = budget.Pace(update, now, self.learner.schedule.micro_steps)
       return
     projected = self._pace.project(update, now, clock.deadline, self.plan.train_steps)
     projected = int(self._from_chief([float(projected or 0) if self.is_chief else 0.0])[0])

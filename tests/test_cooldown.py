@@ -8,7 +8,7 @@ from t2t_lite import budget, hparams_check, optimize, registry
 from t2t_lite.decide import (Agreed, Checkpointing, Evaluation, Progress, Schedule, Stopping,
                              decide)
 from t2t_lite.errors import UsageError
-from t2t_lite.steps import plan
+from t2t_lite.steps import AccumulateSchedule, plan
 from t2t_lite.train import RunOptions, Trainer
 from test_train import _scalars
 
@@ -49,6 +49,24 @@ def test_the_budget_is_projected_at_the_measured_pace_and_fixed_before_the_coold
   assert not budget.fix_now(1075, 1570, 0.3, 25)
   assert budget.fix_now(1076, 1570, 0.3, 25)
 
+
+
+def test_the_projection_counts_the_longer_updates_of_a_later_accumulation_phase():
+  """A batch-size ramp: updates after 1000 take 2 micro-steps, so the deadline comes at half
+  the pace of updates measured before them."""
+  schedule = AccumulateSchedule.parse("1@0;2@1000")
+  pace = budget.Pace(update=25, time=100.0, micro_steps=schedule.micro_steps)
+  # 2.5 micro-steps a second; 600 s left -> 1470 more: 900 updates to 1000, then 570 / 2
+  assert pace.project(100, 130.0, 730.0, 10 ** 5) == 1000 + 285
+  assert pace.project(100, 130.0, 730.0, 1200) == 1200
+  assert pace.project(100, 130.0, 120.0, 10 ** 5) == 101
+  # measured across the boundary: updates 1001-1100 took 200 micro-steps in 80 s (from 900
+  # at 100 s: 300 micro-steps in 80 s); 300 s left -> 1102 more micro-steps, 551 updates
+  later = budget.Pace(update=900, time=100.0, micro_steps=schedule.micro_steps)
+  assert later.project(1100, 180.0, 480.0, 10 ** 5) == 1100 + int(0.98 * 3.75 * 300) // 2
+  # without accumulation the same figures as by updates
+  assert budget.Pace(25, 100.0, AccumulateSchedule.constant(1).micro_steps).project(
+      100, 130.0, 730.0, 10 ** 5) == 1570
 
 def test_budget_checks_are_due_every_interval_until_the_end_is_fixed():
   schedule = Schedule(train_steps=1000, log_every=0, cooldown_every=25)
