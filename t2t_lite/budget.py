@@ -19,9 +19,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# The projection keeps this share of the micro-steps the remaining time allows at the measured
-# pace: the last save and the stop take a little time, and a run that reaches E a few updates
-# before the deadline loses less than one cut off above the learning-rate floor.
+# The projection keeps this share of the micro-steps the remaining time allows at the
+# measured pace: the last save and the stop take a little time, and a run that reaches E a few
+# updates before the deadline loses less than one cut off above the learning-rate floor.
 MARGIN = 0.98
 
 

@@ -50,7 +50,6 @@ def test_the_budget_is_projected_at_the_measured_pace_and_fixed_before_the_coold
   assert budget.fix_now(1076, 1570, 0.3, 25)
 
 
-
 def test_the_projection_counts_the_longer_updates_of_a_later_accumulation_phase():
   """A batch-size ramp: updates after 1000 take 2 micro-steps, so the deadline comes at half
   the pace of updates measured before them."""
@@ -67,6 +66,7 @@ def test_the_projection_counts_the_longer_updates_of_a_later_accumulation_phase(
   # without accumulation the same figures as by updates
   assert budget.Pace(25, 100.0, AccumulateSchedule.constant(1).micro_steps).project(
       100, 130.0, 730.0, 10 ** 5) == 1570
+
 
 def test_budget_checks_are_due_every_interval_until_the_end_is_fixed():
   schedule = Schedule(train_steps=1000, log_every=0, cooldown_every=25)
