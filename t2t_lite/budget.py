@@ -16,17 +16,14 @@ never stopped. The run stops at E (or at the deadline, if that comes first).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+
+from t2t_lite.steps import AccumulateSchedule
 
 # The projection keeps this share of the micro-steps the remaining time allows at the
 # measured pace: the last save and the stop take a little time, and a run that reaches E a few
 # updates before the deadline loses less than one cut off above the learning-rate floor.
 MARGIN = 0.98
-
-
-def _updates(update: int) -> int:
-  return update
 
 
 def cooldown_length(end: int, fraction: float) -> int:
@@ -42,11 +39,11 @@ def cooldown_start(end: int, fraction: float) -> int:
 
 @dataclass
 class Pace:
-  """The pace since a reference check of this process. `micro_steps(u)`: the micro-steps of
-  updates 1..u (AccumulateSchedule.micro_steps; u itself without accumulation)."""
+  """The pace since a reference check of this process, at which the run's `schedule` (the
+  micro-steps of each update) is projected."""
   update: int
   time: float
-  micro_steps: Callable[[int], int] = _updates
+  schedule: AccumulateSchedule
 
   def rate(self, update: int, now: float) -> float | None:
     """Updates per second since the reference; None before any update was timed."""
@@ -59,20 +56,11 @@ class Pace:
     (at most `train_steps`, at least the next update); None before any update was timed."""
     if self.rate(update, now) is None:
       return None
-    done = self.micro_steps(update)
-    per_second = (done - self.micro_steps(self.update)) / (now - self.time)
+    done = self.schedule.micro_steps(update)
+    per_second = (done - self.schedule.micro_steps(self.update)) / (now - self.time)
     reachable = done + int(MARGIN * per_second * max(deadline - now, 0.0))
-    # the last update whose micro-steps fit in `reachable` (micro_steps increases with u)
-    low, high = update + 1, train_steps
-    if self.micro_steps(high) <= reachable:
-      return high
-    while low < high:
-      middle = (low + high + 1) // 2
-      if self.micro_steps(middle) <= reachable:
-        low = middle
-      else:
-        high = middle - 1
-    return min(low, train_steps)
+    return min(max(self.schedule.last_update_within(reachable, train_steps), update + 1),
+               train_steps)
 
 
 def fix_now(update: int, projected: int, fraction: float, every: int) -> bool:

@@ -80,6 +80,18 @@ class AccumulateSchedule:
   def micro_steps(self, train_steps: int) -> int:
     return sum(n * (last - first + 1) for n, first, last in self.spans(train_steps))
 
+  def last_update_within(self, micro_steps: int, train_steps: int) -> int:
+    """The inverse of micro_steps: the last update u <= train_steps whose updates 1..u take
+    at most `micro_steps` micro-steps (0 if update 1 takes more)."""
+    update = 0
+    for n, first, last in self.spans(train_steps):
+      fits = min(max(micro_steps, 0) // n, last - first + 1)
+      update = first - 1 + fits
+      if update < last:
+        break
+      micro_steps -= n * fits
+    return update
+
   def __str__(self) -> str:
     return ";".join(f"{n}@{u}" for n, u in self.phases)
 

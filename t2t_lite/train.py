@@ -478,7 +478,7 @@ class Trainer:
     first check (the chief's, on a cluster) and fixes it before the cooldown would start."""
     now = time.time()
     if self._pace is None:
-      self._pace = budget.Pace(update, now, self.learner.schedule.micro_steps)
+      self._pace = budget.Pace(update, now, self.learner.schedule)
       return
     projected = self._pace.project(update, now, clock.deadline, self.plan.train_steps)
     projected = int(self._from_chief([float(projected or 0) if self.is_chief else 0.0])[0])

@@ -39,7 +39,7 @@ def test_the_cooldown_falls_linearly_to_zero_over_the_last_updates_of_the_run():
 
 
 def test_the_budget_is_projected_at_the_measured_pace_and_fixed_before_the_cooldown():
-  pace = budget.Pace(update=25, time=100.0)
+  pace = budget.Pace(update=25, time=100.0, schedule=AccumulateSchedule.constant(1))
   assert pace.project(25, 100.0, 1000.0, 10 ** 5) is None  # nothing timed yet
   # 75 updates in 30 s = 2.5 a second; 600 s left -> 1500 x 0.98 = 1470 more
   assert pace.project(100, 130.0, 730.0, 10 ** 5) == 100 + 1470
@@ -54,17 +54,17 @@ def test_the_projection_counts_the_longer_updates_of_a_later_accumulation_phase(
   """A batch-size ramp: updates after 1000 take 2 micro-steps, so the deadline comes at half
   the pace of updates measured before them."""
   schedule = AccumulateSchedule.parse("1@0;2@1000")
-  pace = budget.Pace(update=25, time=100.0, micro_steps=schedule.micro_steps)
+  pace = budget.Pace(update=25, time=100.0, schedule=schedule)
   # 2.5 micro-steps a second; 600 s left -> 1470 more: 900 updates to 1000, then 570 / 2
   assert pace.project(100, 130.0, 730.0, 10 ** 5) == 1000 + 285
   assert pace.project(100, 130.0, 730.0, 1200) == 1200
   assert pace.project(100, 130.0, 120.0, 10 ** 5) == 101
   # measured across the boundary: updates 1001-1100 took 200 micro-steps in 80 s (from 900
   # at 100 s: 300 micro-steps in 80 s); 300 s left -> 1102 more micro-steps, 551 updates
-  later = budget.Pace(update=900, time=100.0, micro_steps=schedule.micro_steps)
+  later = budget.Pace(update=900, time=100.0, schedule=schedule)
   assert later.project(1100, 180.0, 480.0, 10 ** 5) == 1100 + int(0.98 * 3.75 * 300) // 2
   # without accumulation the same figures as by updates
-  assert budget.Pace(25, 100.0, AccumulateSchedule.constant(1).micro_steps).project(
+  assert budget.Pace(25, 100.0, AccumulateSchedule.constant(1)).project(
       100, 130.0, 730.0, 10 ** 5) == 1570
 
 
@@ -81,8 +81,9 @@ def test_budget_checks_are_due_every_interval_until_the_end_is_fixed():
   assert not decide(Progress(tried=25, seen=24), Agreed(), fixed).read
 
 
-def _trainer(output_dir, data_dir, train_steps, minutes=0.0):
-  hparams = tiny_hparams(learning_rate_schedule=SCHEDULE, learning_rate_warmup_steps=8)
+def _trainer(output_dir, data_dir, train_steps, minutes=0.0, **overrides):
+  hparams = tiny_hparams(learning_rate_schedule=SCHEDULE, learning_rate_warmup_steps=8,
+                         **overrides)
   run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=3,
                    evaluation=Evaluation(frequency=0), log_every=5,
                    checkpointing=Checkpointing(save_steps=0),
@@ -94,11 +95,16 @@ def _trainer(output_dir, data_dir, train_steps, minutes=0.0):
 def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k_data,
                                                                         tmp_path):
   """A 9-second budget (the first updates trace the steps: a loaded machine needs the
-  margin). The end is projected from the pace and fixed; the learning rate logged at the
-  last update is the cooldown's; resumed, the run ends at the same update."""
+  margin), with an accumulation schedule (2 micro-steps an update after update 10). The end
+  is projected from the pace of micro-steps through the schedule and fixed; the learning rate
+  logged at the last update is the cooldown's; resumed, the run ends at the same update."""
   output_dir = tmp_path / "run"
-  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15)
+  accumulate = AccumulateSchedule.parse("1@0;2@10")
+  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15,
+                              optimizer_multistep_accumulate_schedule=str(accumulate))
   first = trainer.train()
+  assert trainer._pace.schedule == accumulate  # the projection counts the longer updates
+  assert first["micro_steps"] == accumulate.micro_steps(first["updates"]), first
   end = int(trainer.learner.cooldown_end.numpy())
   assert 10 < end < 10 ** 5, first  # checks at updates 5 (the pace starts), 10, ...
   length = budget.cooldown_length(end, hparams.learning_rate_cooldown)
@@ -111,7 +117,8 @@ def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k
     assert first["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
     assert rates[last] == pytest.approx(_rate(hparams, last) / length, rel=1e-5)
 
-  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15)
+  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15,
+                        optimizer_multistep_accumulate_schedule=str(accumulate))
   second = resumed.train()
   assert int(resumed.learner.cooldown_end.numpy()) == end
   assert second["updates"] == end

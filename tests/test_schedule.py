@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import NO_EVAL_FLAGS, TINY_HPARAMS, cli
+from t2t_lite.steps import AccumulateSchedule
 from test_workflow import _ends_in_usage_error, _usage_error
 
 
@@ -60,6 +61,18 @@ def test_schedule_dry_run_counts_micro_steps_per_phase():
   assert "micro-steps: 40\n" in out
   # accumulators exist (once) even though the first phase has n=1
   assert "accumulators: 0.0 MiB" not in out and "none with accumulate steps 1" not in out
+
+
+def test_the_last_update_within_a_count_of_micro_steps_inverts_micro_steps():
+  schedule = AccumulateSchedule.parse("1@0;2@4;8@6")  # micro-steps 1-4, 6, 8, 16, 24, ...
+  assert [schedule.micro_steps(u) for u in range(9)] == [0, 1, 2, 3, 4, 6, 8, 16, 24]
+  assert [schedule.last_update_within(m, 100) for m in (0, 3, 5, 6, 15, 16, 23, 24)] == [
+      0, 3, 4, 5, 6, 7, 7, 8]
+  for micro_steps in range(60):  # the largest u with micro_steps(u) <= m, capped at 7
+    expected = max(u for u in range(8) if schedule.micro_steps(u) <= micro_steps)
+    assert schedule.last_update_within(micro_steps, 7) == expected, micro_steps
+  assert AccumulateSchedule.constant(3).last_update_within(10, 100) == 3
+  assert AccumulateSchedule.constant(1).last_update_within(-5, 100) == 0
 
 
 @pytest.mark.parametrize("schedule, message", [
