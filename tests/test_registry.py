@@ -47,7 +47,7 @@ def test_tensor2tensor_values():
           cpu.num_heads, cpu.batch_size, cpu.label_smoothing) == (3, 3, 256, 1024, 4, 4096, 0.1)
   assert (cpu.layer_prepostprocess_dropout, cpu.dropout_ramp_initial, cpu.dropout_ramp_start,
           cpu.dropout_ramp_end, cpu.attention_dropout, cpu.relu_dropout) == (
-              0.3, 0.1, 400, 1200, 0.0, 0.0)
+              0.3, 0.0, 400, 1200, 0.0, 0.0)
 
 
 def test_fake_gpu8_is_base_with_eight_accumulate_steps_and_has_alias():
