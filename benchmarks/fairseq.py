@@ -7,14 +7,15 @@ fairseq is not a dependency of t2t-lite: point --fairseq_bin at the bin/ folder 
 environment that has `fairseq-preprocess` and `fairseq-train` (fairseq 0.12.2 and PyTorch).
 
 Both train transformer_multi30k_cpu's model (3+3 layers, 256/1024, 4 heads, shared
-embeddings and softmax, dropout 0.1 everywhere: the set without its dropout ramp; label
-smoothing 0.1, Adam) at n=1 on batches of at most 4,096 tokens (rows x longest sequence),
-on the same sentencepiece pieces: our training shards, written out as fairseq text and
-binarized with our vocabulary. Training tokens/s is counted on the target tokens
-(end-of-sentence included, padding not) of updates `--from_update`..`--updates`, from each
-program's own log, over wall time; peak RSS is the process's high-water mark (wait4). The
-programs run one after another, `--rounds` times, in the order fairseq, t2t-lite float32,
-t2t-lite default precision (left out where the default is float32).
+embeddings and softmax; dropout 0.1 on every path, where the set ramps its residual dropout
+from 0 to 0.3 and has none on attention and ReLU; label smoothing 0.1, Adam) at n=1 on
+batches of at most 4,096 tokens (rows x longest sequence), on the same sentencepiece pieces:
+our training shards, written out as fairseq text and binarized with our vocabulary. Training
+tokens/s is counted on the target tokens (end-of-sentence included, padding not) of updates
+`--from_update`..`--updates`, from each program's own log, over wall time; peak RSS is the
+process's high-water mark (wait4). The programs run one after another, `--rounds` times, in
+the order fairseq, t2t-lite float32, t2t-lite default precision (left out where the default
+is float32).
 
 `--isa` caps the instruction set both programs' kernels may use (oneDNN's, MKL's and
 PyTorch's own), to measure on this machine what a CPU with only that set would run: its
@@ -41,9 +42,9 @@ import tempfile
 from t2t_lite.files import write_atomic
 
 HPARAMS_SET = "transformer_multi30k_cpu"
-# fairseq has one constant dropout: both programs train at the set's starting rate, without
-# its dropout ramp, and with attention and ReLU dropout 0.1 (the set has none; the published
-# figures were measured at 0.1, so they stay comparable).
+# fairseq has one constant dropout: both programs train at 0.1 on the residual, attention and
+# ReLU paths, without the set's ramp (which starts at 0) and with the attention and ReLU
+# dropout the set does not have; the published figures were measured so and stay comparable.
 CONSTANT_DROPOUT = ("layer_prepostprocess_dropout=0.1,dropout_ramp_initial=0.0,"
                     "dropout_ramp_start=0,dropout_ramp_end=0,attention_dropout=0.1,"
                     "relu_dropout=0.1")
