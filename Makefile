@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The linter, then the tests in two processes, whole files each (module fixtures are built
-# once); TEST_JOBS=0 runs them serially.
+# once), in the order tests/conftest.py gives them (longest first; without
+# --no-loadscope-reorder pytest-xdist hands out the files with the most tests first, which
+# left the longest ones to the end); TEST_JOBS=0 runs them serially.
 TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check --no-cache .
 	if [ "$$(id -u)" = 0 ]; then bash data_scripts/slurm_local_up.sh; fi
-	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
+	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 train: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" \

@@ -168,12 +168,13 @@ def finish(workers):
   return workers
 
 
-# Under pytest-xdist (--dist loadfile) whole files are handed to the processes in collection
-# order: the longest go first, so that none starts last and leaves the other process idle.
+# Under pytest-xdist (--dist loadfile --no-loadscope-reorder, the Makefile's) whole files are
+# handed to the processes in collection order: the longest go first, so that none starts last
+# and leaves the other process idle.
 # test_slurm.py first: much of it is waiting for Slurm, which the other process's tests fill.
 LONGEST_FIRST = ("test_slurm.py", "test_distribute.py", "test_schedule.py", "test_export.py",
-                 "test_reliability.py", "test_cluster.py", "test_data.py", "test_train.py",
-                 "test_decode.py", "test_workflow.py", "test_translate_all.py",
+                 "test_reliability.py", "test_cluster.py", "test_multistep.py", "test_data.py",
+                 "test_train.py", "test_decode.py", "test_workflow.py", "test_translate_all.py",
                  "test_run_record.py")
 
 
