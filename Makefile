@@ -9,6 +9,8 @@ MULTI30K_DIR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),../shared/d
 TRAIN_MINUTES ?= 25
 RUN_DIR ?= runs/multi30k_ende
 DATA_DIR ?= data/multi30k_ende
+# Pieces of the joint sentencepiece vocabulary that DATA_DIR is made with.
+VOCAB_SIZE ?= 12000
 
 .PHONY: install test train bench bench-fairseq clean
 
@@ -31,7 +33,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 train: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" \
+	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" VOCAB_SIZE="$(VOCAB_SIZE)" \
 	  bash data_scripts/multi30k_ende.sh "$(DATA_DIR)" "$(RUN_DIR)" "$(TRAIN_MINUTES)"
 
 bench: $(STAMP)
@@ -47,7 +49,8 @@ FAIRSEQ_ROUNDS ?= 3
 FAIRSEQ_ISA ?= native
 bench-fairseq: $(STAMP)
 	@test -n "$(FAIRSEQ_BIN)" || { echo "make bench-fairseq: set FAIRSEQ_BIN=DIR/bin, an environment with fairseq (data_scripts/fairseq_env.sh DIR makes one)" >&2; exit 2; }
-	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" bash data_scripts/multi30k_data.sh "$(DATA_DIR)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" VOCAB_SIZE="$(VOCAB_SIZE)" \
+	  bash data_scripts/multi30k_data.sh "$(DATA_DIR)"
 	$(BIN)/python -m benchmarks.fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
 	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS) --isa=$(FAIRSEQ_ISA)
 

@@ -3,7 +3,7 @@
 # Usage: multi30k_ende.sh DATA_DIR RUN_DIR TRAIN_MINUTES
 # TRAIN_FLAGS: more trainer flags; EVAL_FLAGS replaces the evaluation flags
 # (EVAL_FLAGS=--local_eval_frequency=0 trains without evaluating); DECODE_ALPHA: the length
-# penalty of the final decodes.
+# penalty of the final decodes; VOCAB_SIZE: the vocabulary's pieces (multi30k_data.sh).
 set -euo pipefail
 data_dir=${1:-data/multi30k_ende}
 run_dir=${2:-runs/multi30k_ende}
@@ -15,7 +15,7 @@ alpha=${DECODE_ALPHA:-1.4}
 raw_dir=$data_dir/raw
 start=$(date +%s)
 
-echo "== 1-2/6 data: Multi30k raw files -> $raw_dir; joint sentencepiece vocabulary (8000) and TFRecords -> $data_dir"
+echo "== 1-2/6 data: Multi30k raw files -> $raw_dir; joint sentencepiece vocabulary (${VOCAB_SIZE:-12000}) and TFRecords -> $data_dir"
 bash "$(dirname "$0")/multi30k_data.sh" "$data_dir"
 
 echo "== 3/6 train: transformer_multi30k_cpu for $minutes minutes -> $run_dir"

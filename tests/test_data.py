@@ -3,6 +3,9 @@
 import gzip
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -562,3 +565,29 @@ def test_training_reads_its_shards_in_parallel_one_record_of_each_in_turn(two_pa
   interleave = [node for node in graph.node if "Interleave" in node.op]
   assert [node.op for node in interleave] == ["ParallelInterleaveDatasetV4"]
   assert interleave[0].attr["deterministic"].s == b"true"
+
+
+def test_make_train_data_step_makes_12000_pieces_and_refuses_older_data(multi30k_data, tmp_path):
+  """`make train`'s data step (data_scripts/multi30k_data.sh) asks for a 12000-piece
+  vocabulary unless VOCAB_SIZE says otherwise. Data made with the problem's own 8000 pieces
+  (what `make train` made before) is refused (exit 2, saying what differs) and left whole;
+  with VOCAB_SIZE=8000 the same data is up to date and kept as it is."""
+  data_dir = tmp_path / "data"
+  shutil.copytree(multi30k_data, data_dir)
+  before = _digests(data_dir)
+  script = os.path.join(os.path.dirname(__file__), "..", "data_scripts", "multi30k_data.sh")
+  env = dict(os.environ, MULTI30K_DIR=multi30k_dir(),
+             PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+  env.pop("VOCAB_SIZE", None)
+  refused = subprocess.run(["bash", script, str(data_dir)], capture_output=True, text=True,
+                           env=env, timeout=300)
+  _assert_usage_error(refused, "holds translate_ende_multi30k data made from other inputs or "
+                      "settings (vocab_size 8000 -> 12000)", "another --data_dir")
+  kept = subprocess.run(["bash", script, str(data_dir)], capture_output=True, text=True,
+                        env=dict(env, VOCAB_SIZE="8000"), timeout=300)
+  assert kept.returncode == 0, kept.stderr[-2000:]
+  after = _digests(data_dir)
+  assert {path: digest for path, digest in after.items() if not path.startswith("raw/")} == before
+  assert sorted(path for path in after if path.startswith("raw/")) == sorted(
+      f"raw/{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
+      for lang in ("en", "de", "fr"))
