@@ -133,12 +133,13 @@ def transformer_multi30k_cpu() -> HParams:
   3+3 layers, 256/1024, 4 heads, label smoothing 0.1, 4096 tokens per micro-step. `make
   train` gives it a joint 12000-piece vocabulary (`--vocab_size=12000`; the Multi30k
   problems' own is 8000): on the dev set it scored +0.35-0.5 BLEU over 8000 after ~2,500
-  updates and +0.55 after 711, and +2.1 over 4000 (bfloat16). Mixed precision: bfloat16
-  compute on CPUs that have native bfloat16 (AMX, AVX512-BF16; ~1.5x faster steps), float32
-  elsewhere. A budget of ~650-3,000 updates wants a short warmup and a higher peak rate than
-  the 100k-update paper sets: peak = 0.5 * 250^-0.5 * 256^-0.5 = 2.0e-3; then rsqrt decay,
-  and over the last 30% of the updates the budget allows, a linear cooldown to 0
-  (`linear_cooldown`; the budget fixes the run's last update, see t2t_lite.budget).
+  updates and +0.55 after 711 (bfloat16; -0.9 under the AVX2 cap), and +2.1 over 4000.
+  Mixed precision: bfloat16 compute on CPUs that have native bfloat16 (AMX, AVX512-BF16;
+  ~1.5x faster steps), float32 elsewhere. A budget of ~650-3,000 updates wants a short
+  warmup and a higher peak rate than the 100k-update paper sets: peak = 0.5 * 250^-0.5 *
+  256^-0.5 = 2.0e-3; then rsqrt decay, and over the last 30% of the updates the budget
+  allows, a linear cooldown to 0 (`linear_cooldown`; the budget fixes the run's last update,
+  see t2t_lite.budget).
   The residual dropout is 0 up to update 400 and rises to 0.3 at update 1,200, chosen on the
   dev set: a short budget learns fastest with little dropout (0.2 or 0.3 throughout scored 1-3
   BLEU lower after 650 updates than 0.1; starting the ramp at 0 instead of 0.1 scored +0.7-1.0
