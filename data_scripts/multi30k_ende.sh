@@ -15,7 +15,7 @@ alpha=${DECODE_ALPHA:-1.4}
 raw_dir=$data_dir/raw
 start=$(date +%s)
 
-echo "== 1-2/6 data: Multi30k raw files -> $raw_dir; joint sentencepiece vocabulary (${VOCAB_SIZE:-12000}) and TFRecords -> $data_dir"
+echo "== 1-2/6 data: Multi30k raw files -> $raw_dir; joint sentencepiece vocabulary and TFRecords -> $data_dir"
 bash "$(dirname "$0")/multi30k_data.sh" "$data_dir"
 
 echo "== 3/6 train: transformer_multi30k_cpu for $minutes minutes -> $run_dir"

@@ -5,13 +5,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import cli, multi30k_dir, tiny_hparams
+from conftest import BIN, REPO, cli, multi30k_dir, tiny_hparams
 from t2t_lite import data, registry
 from t2t_lite.errors import UsageError
 from t2t_lite.problems.base import read_lines
@@ -575,9 +574,8 @@ def test_make_train_data_step_makes_12000_pieces_and_refuses_older_data(multi30k
   data_dir = tmp_path / "data"
   shutil.copytree(multi30k_data, data_dir)
   before = _digests(data_dir)
-  script = os.path.join(os.path.dirname(__file__), "..", "data_scripts", "multi30k_data.sh")
-  env = dict(os.environ, MULTI30K_DIR=multi30k_dir(),
-             PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+  script = os.path.join(REPO, "data_scripts", "multi30k_data.sh")
+  env = dict(os.environ, MULTI30K_DIR=multi30k_dir(), PATH=BIN + os.pathsep + os.environ["PATH"])
   env.pop("VOCAB_SIZE", None)
   refused = subprocess.run(["bash", script, str(data_dir)], capture_output=True, text=True,
                            env=env, timeout=300)
