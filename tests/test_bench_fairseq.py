@@ -132,8 +132,9 @@ def test_fairseq_trains_the_model_of_the_registered_hparams_set():
   assert flag("--encoder-ffn-embed-dim") == "1024" and flag("--encoder-attention-heads") == "4"
   assert flag("--max-tokens") == "2048" and flag("--warmup-updates") == "250"
   assert flag("--label-smoothing") == "0.1" and flag("--adam-betas") == "(0.9, 0.997)"
-  # the peak of our schedule: 0.5 * 250^-0.5 * 384^-0.5
-  assert float(flag("--lr")) == pytest.approx(0.5 * 250 ** -0.5 * 384 ** -0.5, rel=1e-5)
+  # the peak of our schedule: constant (the set's 0.8) * 250^-0.5 * 384^-0.5
+  assert hparams.learning_rate_constant == 0.8
+  assert float(flag("--lr")) == pytest.approx(0.8 * 250 ** -0.5 * 384 ** -0.5, rel=1e-5)
 
 
 def test_both_programs_train_at_one_constant_dropout():
