@@ -96,3 +96,20 @@ def test_a_new_set_is_one_decorated_function(monkeypatch):
   assert registry.hparams("transformer_test_only_set").batch_size == 123
   with pytest.raises(ValueError, match="registered twice"):
     registry.register_hparams(transformer_test_only_set)
+
+
+def test_the_hparams_set_table_of_the_docs_states_each_sets_rate_and_warmup():
+  """docs/command-line.md gives some sets' (learning_rate_constant, warmup); they match."""
+  import os
+  import re
+  docs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "command-line.md")
+  stated = {}
+  for line in open(docs, encoding="utf-8"):
+    row = re.match(r"\| `(\w+)`.*\(([\d.]+), (\d+)\) \|", line)
+    if row:
+      stated[row.group(1)] = (float(row.group(2)), int(row.group(3)))
+  assert set(stated) == {"transformer_base", "transformer_base_single_gpu",
+                         "transformer_multi30k_cpu"}
+  for name, pair in stated.items():
+    hparams = registry.hparams(name)
+    assert pair == (hparams.learning_rate_constant, hparams.learning_rate_warmup_steps), name
