@@ -1,5 +1,9 @@
+import os
+import re
+
 import pytest
 
+from conftest import REPO
 from t2t_lite import registry
 from t2t_lite.registry import RegistryError
 
@@ -100,14 +104,9 @@ def test_a_new_set_is_one_decorated_function(monkeypatch):
 
 def test_the_hparams_set_table_of_the_docs_states_each_sets_rate_and_warmup():
   """docs/command-line.md gives some sets' (learning_rate_constant, warmup); they match."""
-  import os
-  import re
-  docs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "command-line.md")
-  stated = {}
-  for line in open(docs, encoding="utf-8"):
-    row = re.match(r"\| `(\w+)`.*\(([\d.]+), (\d+)\) \|", line)
-    if row:
-      stated[row.group(1)] = (float(row.group(2)), int(row.group(3)))
+  with open(os.path.join(REPO, "docs", "command-line.md"), encoding="utf-8") as docs:
+    rows = [re.match(r"\| `(\w+)`.*\(([\d.]+), (\d+)\) \|", line) for line in docs]
+  stated = {row.group(1): (float(row.group(2)), int(row.group(3))) for row in rows if row}
   assert set(stated) == {"transformer_base", "transformer_base_single_gpu",
                          "transformer_multi30k_cpu"}
   for name, pair in stated.items():
