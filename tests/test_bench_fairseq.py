@@ -131,7 +131,7 @@ def test_fairseq_trains_the_model_of_the_registered_hparams_set():
   assert flag("--encoder-layers") == flag("--decoder-layers") == "3"
   assert flag("--encoder-ffn-embed-dim") == "1024" and flag("--encoder-attention-heads") == "4"
   assert flag("--max-tokens") == "2048" and flag("--warmup-updates") == "250"
-  assert flag("--label-smoothing") == "0.1" and flag("--adam-betas") == "(0.9, 0.997)"
+  assert flag("--label-smoothing") == "0.1" and flag("--adam-betas") == "(0.9, 0.98)"
   # the peak of our schedule: constant (the set's 0.8) * 250^-0.5 * 384^-0.5
   assert hparams.learning_rate_constant == 0.8
   assert float(flag("--lr")) == pytest.approx(0.8 * 250 ** -0.5 * 384 ** -0.5, rel=1e-5)

@@ -50,6 +50,8 @@ def test_tensor2tensor_values():
   assert (cpu.num_encoder_layers, cpu.num_decoder_layers, cpu.hidden_size, cpu.filter_size,
           cpu.num_heads, cpu.batch_size, cpu.label_smoothing) == (3, 3, 256, 1024, 4, 4096, 0.1)
   assert (cpu.learning_rate_constant, cpu.learning_rate_warmup_steps) == (0.8, 250)
+  assert (cpu.optimizer_adam_beta1, cpu.optimizer_adam_beta2,
+          cpu.optimizer_adam_epsilon) == (0.9, 0.98, 1e-9)
   assert (cpu.layer_prepostprocess_dropout, cpu.dropout_ramp_initial, cpu.dropout_ramp_start,
           cpu.dropout_ramp_end, cpu.attention_dropout, cpu.relu_dropout) == (
               0.3, 0.0, 400, 1200, 0.0, 0.0)
