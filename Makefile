@@ -9,8 +9,14 @@ MULTI30K_DIR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),../shared/d
 TRAIN_MINUTES ?= 25
 RUN_DIR ?= runs/multi30k_ende
 DATA_DIR ?= data/multi30k_ende
-# Pieces of the joint sentencepiece vocabulary that DATA_DIR is made with.
+# Pieces of the joint sentencepiece vocabulary that DATA_DIR is made with, and the sampled
+# segmentations of every training pair (0: the one best; 16 suits a CPU with native
+# bfloat16; SUBWORD_SAMPLING_ALPHA: 0.3 unless set; data_scripts/multi30k_data.sh).
 VOCAB_SIZE ?= 12000
+SUBWORD_SAMPLING_COPIES ?= 0
+SUBWORD_SAMPLING_ALPHA ?=
+DATA_ENV = MULTI30K_DIR="$(MULTI30K_DIR)" VOCAB_SIZE="$(VOCAB_SIZE)" \
+  SUBWORD_SAMPLING_COPIES="$(SUBWORD_SAMPLING_COPIES)" SUBWORD_SAMPLING_ALPHA="$(SUBWORD_SAMPLING_ALPHA)"
 
 .PHONY: install test train bench bench-fairseq clean
 
@@ -33,7 +39,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 train: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" VOCAB_SIZE="$(VOCAB_SIZE)" \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(DATA_ENV) \
 	  bash data_scripts/multi30k_ende.sh "$(DATA_DIR)" "$(RUN_DIR)" "$(TRAIN_MINUTES)"
 
 bench: $(STAMP)
@@ -49,7 +55,7 @@ FAIRSEQ_ROUNDS ?= 3
 FAIRSEQ_ISA ?= native
 bench-fairseq: $(STAMP)
 	@test -n "$(FAIRSEQ_BIN)" || { echo "make bench-fairseq: set FAIRSEQ_BIN=DIR/bin, an environment with fairseq (data_scripts/fairseq_env.sh DIR makes one)" >&2; exit 2; }
-	PATH="$(CURDIR)/$(BIN):$$PATH" MULTI30K_DIR="$(MULTI30K_DIR)" VOCAB_SIZE="$(VOCAB_SIZE)" \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(DATA_ENV) \
 	  bash data_scripts/multi30k_data.sh "$(DATA_DIR)"
 	$(BIN)/python -m benchmarks.fairseq --fairseq_bin="$(FAIRSEQ_BIN)" --data_dir="$(DATA_DIR)" \
 	  --out_dir=bench_out --rounds=$(FAIRSEQ_ROUNDS) --isa=$(FAIRSEQ_ISA)

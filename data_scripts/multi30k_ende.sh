@@ -3,7 +3,8 @@
 # Usage: multi30k_ende.sh DATA_DIR RUN_DIR TRAIN_MINUTES
 # TRAIN_FLAGS: more trainer flags; EVAL_FLAGS replaces the evaluation flags
 # (EVAL_FLAGS=--local_eval_frequency=0 trains without evaluating); DECODE_ALPHA: the length
-# penalty of the final decodes; VOCAB_SIZE: the vocabulary's pieces (multi30k_data.sh).
+# penalty of the final decodes; VOCAB_SIZE, SUBWORD_SAMPLING_COPIES, SUBWORD_SAMPLING_ALPHA: the
+# vocabulary and the training split's sampled segmentations (multi30k_data.sh).
 set -euo pipefail
 data_dir=${1:-data/multi30k_ende}
 run_dir=${2:-runs/multi30k_ende}

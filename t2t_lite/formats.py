@@ -10,7 +10,8 @@ format only.
   accumulate steps; from before the shared data stream (one iterator per replica), only a
   one-replica resume is possible.
 - Datagen manifests: data made before each datagen wrote into a folder of its own has its
-  files in the data directory itself (`dir` is "").
+  files in the data directory itself (`dir` is ""); data made before subword sampling has
+  one segmentation (`subword_sampling` None).
 - Averaged checkpoints made before averages recorded their update are refused (average
   again).
 - The best model's record: `best/bleu.json` (before early stopping) reads as `best.json`
@@ -37,8 +38,12 @@ def run_record(meta: dict | None) -> dict | None:
 
 
 def data_manifest(manifest: dict) -> dict:
-  """The current form of a datagen manifest: `dir`, the folder of its files."""
-  return {"dir": "", **manifest}
+  """The current form of a datagen manifest: `dir`, the folder of its files, and the
+  settings' `subword_sampling` (None: one segmentation)."""
+  manifest = {"dir": "", **manifest}
+  if isinstance(manifest.get("settings"), dict):
+    manifest["settings"] = {"subword_sampling": None, **manifest["settings"]}
+  return manifest
 
 
 def checkpoint_lacks(path: str, names: set[str], replicas: int) -> set[str]:

@@ -111,11 +111,37 @@ def shape_differences(meta: dict | None, hparams, vocab_size: int) -> list[str]:
 
 # --- the data a run trained on ---------------------------------------------------------------
 def data_record(problem, data_dir: str) -> dict:
-  """What a run trains on: the problem, its languages and the vocabulary file's sha256."""
+  """What a run trains on: the problem, its languages, the vocabulary file's sha256 and the
+  training split's subword sampling."""
   settings = problem.manifest(data_dir).get("settings", {})
   return {"problem": problem.name, "source_lang": settings.get("source_lang", ""),
           "target_lang": settings.get("target_lang", ""),
-          "vocab_sha256": _vocab_sha256(problem, data_dir)}
+          "vocab_sha256": _vocab_sha256(problem, data_dir),
+          "subword_sampling": settings.get("subword_sampling")}
+
+
+def check_training_data(meta: dict | None, problem, data_dir: str, what: str) -> None:
+  """Refuses to continue a run on training records other than its own: with the same
+  vocabulary, other subword sampling makes other records, and the resumed stream would not
+  be the one the run was reading. (Runs recorded before sampling trained on one
+  segmentation.)"""
+  recorded = (meta or {}).get("data")
+  if not recorded:
+    return
+  before = recorded.get("subword_sampling")
+  now = problem.manifest(data_dir)["settings"]["subword_sampling"]
+  if before != now:
+    raise UsageError(
+        f"{what} was trained on {_segmentations(before)} of each training pair, but "
+        f"{data_dir} holds {_segmentations(now)}; resume it on the data it was trained on "
+        "(t2t-lite-datagen with its --subword_sampling_copies/--subword_sampling_alpha), or "
+        "start a new run")
+
+
+def _segmentations(sampling: dict | None) -> str:
+  if not sampling:
+    return "one segmentation"
+  return f"{sampling['copies']} sampled segmentations at alpha {sampling['alpha']:g}"
 
 
 def _vocab_sha256(problem, data_dir: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from conftest import BIN, REPO, cli, multi30k_dir, tiny_hparams
 from t2t_lite import data, registry
 from t2t_lite.errors import UsageError
-from t2t_lite.problems.base import read_lines
+from t2t_lite.problems.base import read_lines, read_parallel
 
 
 def test_multi30k_manifest(multi30k_data):
@@ -568,24 +568,116 @@ def test_training_reads_its_shards_in_parallel_one_record_of_each_in_turn(two_pa
 
 def test_make_train_data_step_makes_12000_pieces_and_refuses_older_data(multi30k_data, tmp_path):
   """`make train`'s data step (data_scripts/multi30k_data.sh) asks for a 12000-piece
-  vocabulary unless VOCAB_SIZE says otherwise. Data made with the problem's own 8000 pieces
-  (what `make train` made before) is refused (exit 2, saying what differs) and left whole;
-  with VOCAB_SIZE=8000 the same data is up to date and kept as it is."""
+  vocabulary and one segmentation unless VOCAB_SIZE and SUBWORD_SAMPLING_COPIES (16 sampled
+  copies at SUBWORD_SAMPLING_ALPHA, 0.3 unless set) say otherwise. Data made with the
+  problem's own 8000 pieces (what `make train` made before) is refused (exit 2, saying what
+  differs) and left whole, as is the same data asked for with sampling, or an alpha without
+  copies; with VOCAB_SIZE=8000 the same data is up to date and kept as it is."""
   data_dir = tmp_path / "data"
   shutil.copytree(multi30k_data, data_dir)
   before = _digests(data_dir)
   script = os.path.join(REPO, "data_scripts", "multi30k_data.sh")
   env = dict(os.environ, MULTI30K_DIR=multi30k_dir(), PATH=BIN + os.pathsep + os.environ["PATH"])
-  env.pop("VOCAB_SIZE", None)
-  refused = subprocess.run(["bash", script, str(data_dir)], capture_output=True, text=True,
-                           env=env, timeout=300)
-  _assert_usage_error(refused, "holds translate_ende_multi30k data made from other inputs or "
-                      "settings (vocab_size 8000 -> 12000)", "another --data_dir")
-  kept = subprocess.run(["bash", script, str(data_dir)], capture_output=True, text=True,
-                        env=dict(env, VOCAB_SIZE="8000"), timeout=300)
+  for name in ("VOCAB_SIZE", "SUBWORD_SAMPLING_COPIES", "SUBWORD_SAMPLING_ALPHA"):
+    env.pop(name, None)
+
+  def data_step(**variables):
+    return subprocess.run(["bash", script, str(data_dir)], capture_output=True, text=True,
+                          env=dict(env, **variables), timeout=300)
+
+  _assert_usage_error(data_step(), "holds translate_ende_multi30k data made from other inputs "
+                      "or settings (vocab_size 8000 -> 12000)", "another --data_dir")
+  _assert_usage_error(data_step(VOCAB_SIZE="8000", SUBWORD_SAMPLING_COPIES="16"),
+                      "settings (subword_sampling None -> {'copies': 16, 'alpha': 0.3})")
+  _assert_usage_error(data_step(VOCAB_SIZE="8000", SUBWORD_SAMPLING_ALPHA="0.5"),
+                      "--subword_sampling_alpha needs --subword_sampling_copies")
+  kept = data_step(VOCAB_SIZE="8000")
   assert kept.returncode == 0, kept.stderr[-2000:]
   after = _digests(data_dir)
   assert {path: digest for path, digest in after.items() if not path.startswith("raw/")} == before
   assert sorted(path for path in after if path.startswith("raw/")) == sorted(
       f"raw/{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
       for lang in ("en", "de", "fr"))
+
+
+# --- subword sampling ---------------------------------------------------------------------
+
+def _sampling_datagen(raw, out, *flags):
+  return cli("t2t-lite-datagen", "--problem=translate_folder", f"--data_dir={out}",
+             f"--tmp_dir={raw}", "--source_lang=en", "--target_lang=de", "--vocab_size=300",
+             *flags)
+
+
+def test_subword_sampling_writes_seeded_sampled_copies_of_every_training_pair(tmp_path):
+  """--subword_sampling_copies=3: the training shards hold 3 records of every pair, each
+  decoding to the pair's text, most pairs with more than one segmentation among them;
+  dev and test keep the one best. The same inputs and settings give the same bytes, and the
+  manifest and the summary say what was done."""
+  raw = tmp_path / "raw"
+  _corpus(raw)
+  flags = ("--subword_sampling_copies=3", "--subword_sampling_alpha=0.3")
+  first = _sampling_datagen(raw, tmp_path / "one", *flags)
+  assert first.returncode == 0, first.stderr
+  assert ("translate_folder train: 300 pairs read, 300 kept (dropped: 0 empty_or_whitespace), 3 "
+          "sampled segmentations each (alpha 0.3) -> 4 file(s)") in first.stdout
+  problem = registry.problem("translate_folder")
+  out = str(tmp_path / "one")
+  manifest = problem.manifest(out)
+  assert manifest["settings"]["subword_sampling"] == {"copies": 3, "alpha": 0.3}
+  vocab = problem.get_vocab(out)
+  records = [r for path in problem.data_files(out, "train") for r in _shard_records(path)]
+  assert len(records) == 900
+  pairs = read_parallel(str(raw / "train.en"), str(raw / "train.de"))
+  by_text = {}
+  for source, target in records:
+    by_text.setdefault((vocab.decode(source), vocab.decode(target)), []).append(
+        (source, target))
+  round_trip = [(vocab.decode(vocab.encode(s)), vocab.decode(vocab.encode(t))) for s, t in pairs]
+  assert sorted(by_text) == sorted(round_trip)  # (sentencepiece's normalization of spaces)
+  assert {len(v) for v in by_text.values()} == {3}
+  varied = sum(len(set(copies)) > 1 for copies in by_text.values())
+  one_best = {(tuple(vocab.encode(s)), tuple(vocab.encode(t))) for s, t in pairs}
+  assert varied >= 200, f"{varied} of 300 pairs have one segmentation in all 3 copies"
+  assert sum(r in one_best for r in records) < 600  # sampled, not the one best
+  dev = _shard_records(problem.data_files(out, "dev")[0])
+  assert dev == [(tuple(vocab.encode(s)), tuple(vocab.encode(t)))
+                 for s, t in read_parallel(str(raw / "dev.en"), str(raw / "dev.de"))]
+  from t2t_lite.problems import shards
+  again = [str(tmp_path / f"again-{i}.tfrecord") for i in range(4)]
+  assert shards.write_shuffled(vocab, pairs, again, 300, 1, copies=3, sampling_alpha=0.3) == 900
+  # The same seed in this process draws what the datagen process drew: the same bytes.
+  assert ([open(path, "rb").read() for path in again]
+          == [open(path, "rb").read() for path in problem.data_files(out, "train")])
+  assert "nothing to do" in _sampling_datagen(raw, tmp_path / "one", *flags).stdout
+
+
+def test_subword_sampling_flags_are_checked_and_a_change_is_refused_unasked(tmp_path):
+  """Bad values are usage errors that write nothing; data of older manifests is one
+  segmentation; asking an existing --data_dir for other sampling is refused, data left whole."""
+  raw, out = tmp_path / "raw", tmp_path / "out"
+  _corpus(raw)
+  for flags, message in (
+      (["--subword_sampling_copies=1", "--subword_sampling_alpha=0.3"],
+       "--subword_sampling_copies=1: give 2 or more sampled segmentations"),
+      (["--subword_sampling_alpha=0.3"],
+       "--subword_sampling_alpha needs --subword_sampling_copies (2 or more)"),
+      (["--subword_sampling_copies=4"], "--subword_sampling_alpha=0 must be in (0, 1]"),
+      (["--subword_sampling_copies=4", "--subword_sampling_alpha=1.5"],
+       "--subword_sampling_alpha=1.5 must be in (0, 1]")):
+    _assert_usage_error(_sampling_datagen(raw, out, *flags), message, out_dir=out)
+  assert _sampling_datagen(raw, out).returncode == 0
+  # A manifest written before sampling existed (no `subword_sampling` in its settings) reads
+  # as one segmentation: datagen with the same settings leaves the data alone.
+  path = out / "translate_folder.manifest.json"
+  manifest = json.loads(path.read_text())
+  del manifest["settings"]["subword_sampling"]
+  path.write_text(json.dumps(manifest))
+  before = _digests(out)
+  assert "nothing to do" in _sampling_datagen(raw, out).stdout
+  assert registry.problem("translate_folder").manifest(str(out))["settings"][
+      "subword_sampling"] is None
+  changed = _sampling_datagen(raw, out, "--subword_sampling_copies=2",
+                              "--subword_sampling_alpha=0.5")
+  _assert_usage_error(changed, "made from other inputs or settings", "subword_sampling None -> "
+                      "{'copies': 2, 'alpha': 0.5}", "--overwrite")
+  assert _digests(out) == before

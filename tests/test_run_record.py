@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import TINY_FLAGS, cli, vocab_path
+from conftest import TINY_FLAGS, cli, multi30k_dir, vocab_path
 
 
 @pytest.fixture
@@ -44,7 +44,8 @@ def test_the_run_records_problem_languages_vocabulary_and_seed(tiny_run):
             "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   assert meta["data"] == {"problem": "translate_ende_multi30k", "source_lang": "en",
-                          "target_lang": "de", "vocab_sha256": digest}
+                          "target_lang": "de", "vocab_sha256": digest,
+                          "subword_sampling": None}
   assert meta["random_seed"] == 7  # TINY_FLAGS
 
 
@@ -70,6 +71,31 @@ def test_another_vocabulary_is_refused_by_resume_warm_start_decode_and_export(
                  f"--data_dir={other_vocabulary}", f"--export_dir={tmp_path / 'export'}")
   _one_line_error(exported, message, "t2t-lite-exporter")
   assert not os.path.exists(tmp_path / "export")
+
+
+def test_a_run_resumes_only_on_the_subword_sampling_it_was_trained_on(tiny_run, run_copy,
+                                                                     tmp_path):
+  """Data made again with subword sampling keeps the vocabulary but not the training
+  records: the run trained on one segmentation is refused on it (its data stream would not
+  continue), and a new run would record the sampling."""
+  data_dir = tmp_path / "sampled"
+  shutil.copytree(tiny_run["data_dir"], data_dir)
+  with open(vocab_path(data_dir), "rb") as f:
+    vocabulary = f.read()
+  cli("t2t-lite-datagen", "--problem=translate_ende_multi30k", f"--data_dir={data_dir}",
+      f"--tmp_dir={multi30k_dir()}", "--subword_sampling_copies=2",
+      "--subword_sampling_alpha=0.3", "--overwrite", check=True)
+  with open(vocab_path(data_dir), "rb") as f:
+    assert f.read() == vocabulary
+  resumed = cli("t2t-lite-trainer", f"--output_dir={run_copy}", f"--data_dir={data_dir}",
+                "--train_steps=5")
+  last = _one_line_error(resumed, "was trained on one segmentation of each training pair, but "
+                         f"{data_dir} holds 2 sampled segmentations at alpha 0.3; resume it on "
+                         "the data it was trained on", "t2t-lite-trainer")
+  assert "start a new run" in last
+  from t2t_lite import registry, rundir
+  record = rundir.data_record(registry.problem("translate_ende_multi30k"), str(data_dir))
+  assert record["subword_sampling"] == {"copies": 2, "alpha": 0.3}  # what a new run records
 
 
 def test_resume_takes_problem_and_seed_from_the_run_and_refuses_others(run_copy):

@@ -16,6 +16,12 @@ flags.DEFINE_bool("overwrite", False, "Replace data in --data_dir made from othe
                   "settings (runs that recorded its vocabulary then refuse the new one).")
 common.define_count("vocab_size", 0, "Vocabulary size (0: the problem's own; 8000 for "
                     "translate_folder, 32000 for translate_ende_wmt14).")
+common.define_count("subword_sampling_copies", 0, "Subword regularization: write this many "
+                    "sampled segmentations of every training pair (0: the one best; dev and "
+                    "test always get the one best). The training split grows this many times.")
+flags.DEFINE_float("subword_sampling_alpha", 0.0, "The sampling's alpha (0 < alpha <= 1; 1: the "
+                   "vocabulary's own probabilities, lower: more varied segmentations); needs "
+                   "--subword_sampling_copies.", lower_bound=0.0)
 FLAGS = flags.FLAGS
 
 
@@ -27,16 +33,20 @@ def main() -> None:
   common.require(FLAGS.tmp_dir, "tmp_dir", "raw/multi30k")
   common.check_writable_dir(FLAGS.data_dir, "data_dir")
   problem.configure(source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
-                    vocab_size=FLAGS.vocab_size)
+                    vocab_size=FLAGS.vocab_size, sampling_copies=FLAGS.subword_sampling_copies,
+                    sampling_alpha=FLAGS.subword_sampling_alpha)
   manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir, FLAGS.overwrite)
   if manifest["skipped"]:
     print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "
           "nothing to do")
     return
+  sampling = manifest["settings"]["subword_sampling"]
   for split, info in manifest["splits"].items():
     dropped = ", ".join(f"{n} {why}" for why, n in info["dropped"].items()) or "none"
+    copies = (f", {sampling['copies']} sampled segmentations each (alpha {sampling['alpha']:g})"
+              if sampling and split == "train" else "")
     print(f"{problem.name} {split}: {info['read']} pairs read, {info['kept']} kept "
-          f"(dropped: {dropped}) -> {len(info['files'])} file(s)")
+          f"(dropped: {dropped}){copies} -> {len(info['files'])} file(s)")
   print(f"vocabulary: {manifest['vocab']['file']} ({manifest['vocab']['size']} pieces, "
         f"sha256 {manifest['vocab']['sha256'][:12]})")
   print(f"manifest: {problem.manifest_file(FLAGS.data_dir)}")

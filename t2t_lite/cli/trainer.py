@@ -154,6 +154,7 @@ def _resolve():
     for split in ("train", "dev"):  # present and as datagen wrote them
       problem.data_files(data_dir, split)
     rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
+    rundir.check_training_data(previous, problem, data_dir, FLAGS.output_dir)
     if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem
       source = FLAGS.warm_start_from
       rundir.check_data(rundir.read_meta(source if os.path.isdir(source)

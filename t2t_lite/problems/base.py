@@ -158,7 +158,9 @@ class TranslateProblem(abc.ABC):
   target_lang = "de"
   vocab_size = 8000
   num_train_shards = 4
-  datagen_seed = 1  # of the vocabulary sample and of the order of the training shards
+  datagen_seed = 1  # of the vocabulary sample, the order of the training shards, sampling
+  sampling_copies = 0  # subword sampling of the training split (configure)
+  sampling_alpha = 0.0
 
   # --- what subclasses provide -------------------------------------------------------
   @abc.abstractmethod
@@ -170,13 +172,25 @@ class TranslateProblem(abc.ABC):
     """What identifies the raw inputs; a change makes datagen run again."""
     return {}
 
-  def configure(self, vocab_size: int = 0, **options) -> None:
-    """Datagen options: a vocabulary size other than the problem's (0: keep it), and
-    problem-specific ones (e.g. languages for a folder corpus)."""
+  def configure(self, vocab_size: int = 0, sampling_copies: int = 0,
+                sampling_alpha: float = 0.0, **options) -> None:
+    """Datagen options: a vocabulary size other than the problem's (0: keep it), subword
+    sampling of the training split (`sampling_copies` segmentations of every pair, drawn at
+    `sampling_alpha`; 0 copies: the one best segmentation), and problem-specific ones (e.g.
+    languages for a folder corpus)."""
     if vocab_size < 0:
       raise UsageError(f"--vocab_size={vocab_size} must be positive (0: the problem's default)")
     if vocab_size:
       self.vocab_size = vocab_size
+    if sampling_copies == 1 or sampling_copies < 0:
+      raise UsageError(f"--subword_sampling_copies={sampling_copies}: give 2 or more sampled "
+                       "segmentations of every training pair, or 0 for none")
+    if sampling_copies and not 0.0 < sampling_alpha <= 1.0:
+      raise UsageError(f"--subword_sampling_alpha={sampling_alpha:g} must be in (0, 1] (1: the "
+                       "vocabulary's own probabilities; lower: more varied segmentations)")
+    if not sampling_copies and sampling_alpha:
+      raise UsageError("--subword_sampling_alpha needs --subword_sampling_copies (2 or more)")
+    self.sampling_copies, self.sampling_alpha = sampling_copies, sampling_alpha
     given = sorted(name for name, value in options.items() if value)
     if given:
       raise UsageError(f"problem {self.name} takes no {', '.join('--' + n for n in given)}")
@@ -255,7 +269,14 @@ class TranslateProblem(abc.ABC):
   def _settings(self) -> dict:
     return {"vocab_size": self.vocab_size, "num_train_shards": self.num_train_shards,
             "source_lang": self.source_lang, "target_lang": self.target_lang,
-            "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION}
+            "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION,
+            "subword_sampling": self.sampling_record()}
+
+  def sampling_record(self) -> dict | None:
+    """The subword sampling of the training split, as manifests record it (None: none)."""
+    if not self.sampling_copies:
+      return None
+    return {"copies": self.sampling_copies, "alpha": self.sampling_alpha}
 
   def _up_to_date(self, data_dir: str, inputs: dict) -> bool:
     old = self._read_manifest(data_dir)
@@ -365,14 +386,17 @@ class TranslateProblem(abc.ABC):
       expected = data.kept
       if split == "train":
         names = self.shard_names(split, self.num_train_shards)
+        copies = self.sampling_copies or 1
         written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
-                                            self.datagen_seed)
+                                            self.datagen_seed, copies, self.sampling_alpha)
+        expected *= copies  # records: every pass reads the split again
       else:
         names = self.shard_names(split, 1)
         written = shards_lib.write_in_order(vocab, data, at(names[0]))
       if written != expected:
         raise RunError(f"the {split} split of {self.name} changed while datagen read it "
-                       f"({expected} pairs, then {written}; {data.source}); run datagen again")
+                       f"({expected} records expected, {written} written; {data.source}); "
+                       "run datagen again")
       splits[split] = {"read": data.read, "kept": data.kept, "dropped": data.dropped,
                        "source": data.source, "files": names,
                        "bytes": [os.path.getsize(at(n)) for n in names]}

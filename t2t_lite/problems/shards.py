@@ -8,6 +8,8 @@ sample of the whole corpus, so nothing of the input order (sub-corpora one after
 say) survives into any shard, and memory holds one chunk or one bucket (about BUCKET_PAIRS
 pairs), never the corpus. A shuffle within bounded windows of a shard would keep the
 corpus order at every scale larger than its window, which is why it is not done that way.
+With subword sampling, pass 1 reads the split once per copy, each time encoding every pair
+with a freshly sampled segmentation, so all copies are shuffled together.
 """
 
 from __future__ import annotations
@@ -50,25 +52,37 @@ class _ExampleBytes:
     return self._example.SerializeToString(deterministic=True)
 
 
-def encoded_chunks(vocab, pairs: Iterable[tuple[str, str]],
-                   keep_text: bool) -> Iterator[list[bytes]]:
-  """Serialized examples of `pairs`, in input order, CHUNK_PAIRS at a time."""
+def encoded_chunks(vocab, pairs: Iterable[tuple[str, str]], keep_text: bool,
+                   sampling: tuple[float, int] | None = None) -> Iterator[list[bytes]]:
+  """Serialized examples of `pairs`, in input order, CHUNK_PAIRS at a time. `sampling` =
+  (alpha, seed): segmentations drawn with vocab.sample_batch (seeded by seed and the chunk),
+  else the vocabulary's one best."""
   serialize = _ExampleBytes(keep_text)
-  chunk = []
+  chunk, index = [], 0
   for pair in pairs:
     chunk.append(pair)
     if len(chunk) == CHUNK_PAIRS:
-      yield _encode(vocab, chunk, serialize)
-      chunk = []
+      yield _encode(vocab, chunk, serialize, sampling, index)
+      chunk, index = [], index + 1
   if chunk:
-    yield _encode(vocab, chunk, serialize)
+    yield _encode(vocab, chunk, serialize, sampling, index)
 
 
-def _encode(vocab, chunk, serialize) -> list[bytes]:
-  sources = vocab.encode_batch([source for source, _ in chunk])
-  targets = vocab.encode_batch([target for _, target in chunk])
+def _encode(vocab, chunk, serialize, sampling, index: int) -> list[bytes]:
+  texts = ([source for source, _ in chunk], [target for _, target in chunk])
+  if sampling is None:
+    sources, targets = (vocab.encode_batch(side) for side in texts)
+  else:
+    alpha, seed = sampling
+    sources, targets = (vocab.sample_batch(side, alpha, _seed(seed, index, n))
+                        for n, side in enumerate(texts))
   return [serialize(source_ids, target_ids, source, target)
           for (source, target), source_ids, target_ids in zip(chunk, sources, targets)]
+
+
+def _seed(*numbers: int) -> int:
+  """A 32-bit seed that depends on all of `numbers`."""
+  return int(np.random.SeedSequence(list(numbers)).generate_state(1)[0])
 
 
 def write_in_order(vocab, pairs: Iterable[tuple[str, str]], path: str) -> int:
@@ -91,11 +105,19 @@ def bucket_count(pairs: int, shards: int) -> int:
 
 
 def write_shuffled(vocab, pairs: Iterable[tuple[str, str]], files: list[str],
-                   expected_pairs: int, seed: int) -> int:
+                   expected_pairs: int, seed: int, copies: int = 1,
+                   sampling_alpha: float = 0.0) -> int:
   """Writes `pairs` (ids only) to the shards `files` in a seeded random order; returns how
-  many. `expected_pairs` (from an earlier pass) sizes the buckets."""
+  many records. `expected_pairs` (from an earlier pass) sizes the buckets.
+
+  `sampling_alpha` > 0: `copies` passes over `pairs`, each pair encoded once per pass with
+  a segmentation sampled at that alpha (vocab.sample_batch), all shuffled together; so the
+  shards hold copies x pairs records, every pair's copies in random places.
+  """
+  if copies > 1 and not sampling_alpha:
+    raise ValueError("copies of one segmentation add nothing: sample them (sampling_alpha)")
   tf = runtime.import_tensorflow()
-  buckets = bucket_count(expected_pairs, len(files))
+  buckets = bucket_count(expected_pairs * copies, len(files))
   bucket_files = [f"{files[b % len(files)]}.bucket-{b:05d}.tmp-{os.getpid()}"
                   for b in range(buckets)]
   rng = np.random.default_rng(seed)
@@ -103,11 +125,13 @@ def write_shuffled(vocab, pairs: Iterable[tuple[str, str]], files: list[str],
   try:
     outputs = [open(path, "wb") for path in bucket_files]
     try:
-      for chunk in encoded_chunks(vocab, pairs, keep_text=False):
-        for record, bucket in zip(chunk, rng.integers(buckets, size=len(chunk)).tolist()):
-          outputs[bucket].write(_LENGTH.pack(len(record)))
-          outputs[bucket].write(record)
-        written += len(chunk)
+      for copy in range(copies):
+        sampling = (sampling_alpha, _seed(seed, copy)) if sampling_alpha else None
+        for chunk in encoded_chunks(vocab, pairs, keep_text=False, sampling=sampling):
+          for record, bucket in zip(chunk, rng.integers(buckets, size=len(chunk)).tolist()):
+            outputs[bucket].write(_LENGTH.pack(len(record)))
+            outputs[bucket].write(record)
+          written += len(chunk)
     finally:
       for output in outputs:
         output.close()

@@ -10,6 +10,8 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
+from t2t_lite.problems.sampling import SegmentationSampler
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
@@ -101,6 +103,7 @@ class SubwordVocab:
   def __init__(self, model_file: str):
     self.model_file = model_file
     self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    self._sampler: SegmentationSampler | None = None
 
   @property
   def size(self) -> int:
@@ -111,6 +114,16 @@ class SubwordVocab:
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
+
+  def sample_batch(self, texts: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
+    """Subword regularization: each text's segmentation drawn from the unigram model's
+    distribution over all its segmentations, sharpened by `alpha` (1: the model's
+    probabilities; towards 0, more uniform), ending in EOS. The same texts, alpha and seed
+    give the same ids (sampling.SegmentationSampler)."""
+    if self._sampler is None:
+      self._sampler = SegmentationSampler(self._sp)
+    return [ids + [EOS_ID] for ids in self._sampler.sample(list(texts), alpha,
+                                                           random.Random(seed))]
 
   def decode(self, ids: Iterable[int]) -> str:
     kept = []
