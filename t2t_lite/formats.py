@@ -3,7 +3,9 @@ here, as it is read, or refused with what to do; the rest of the code sees the c
 format only.
 
 - Run records (`hparams.json`): runs from before the data record and the seed have `data`
-  and `random_seed` set to None (nothing to compare; the --random_seed flag applies).
+  and `random_seed` set to None (nothing to compare; the --random_seed flag applies); runs
+  from before `subword_sampling_start` and `subword_sampling_min_updates` have them 0 (they
+  read their training split, sampled or not, from the start).
 - Checkpoints of a training run: from before the update in progress was recorded
   (`in_update`), it is derived from the micro-step counter (n was constant then); from
   before layouts were recorded (`layout`), the layout is one replica with the recorded
@@ -11,7 +13,9 @@ format only.
   one-replica resume is possible.
 - Datagen manifests: data made before each datagen wrote into a folder of its own has its
   files in the data directory itself (`dir` is ""); data made before subword sampling has
-  one segmentation (`subword_sampling` None).
+  one segmentation (`subword_sampling` None); sampled data made before the one best was kept
+  beside the sampled copies has its sampled "train" read as "train_sampled" (and no "train":
+  datagen makes it again, the sampled records the same).
 - Averaged checkpoints made before averages recorded their update are refused (average
   again).
 - The best model's record: `best/bleu.json` (before early stopping) reads as `best.json`
@@ -34,15 +38,27 @@ def run_record(meta: dict | None) -> dict | None:
   """The current form of a run record (None stays None: no run there)."""
   if meta is None:
     return None
-  return {"data": None, "random_seed": None, **meta}
+  meta = {"data": None, "random_seed": None, **meta}
+  if isinstance(meta.get("hparams"), dict):
+    # Runs from before the switch read one stream from the start: sampled, if it was.
+    meta["hparams"] = {"subword_sampling_start": 0, "subword_sampling_min_updates": 0,
+                       **meta["hparams"]}
+  return meta
 
 
 def data_manifest(manifest: dict) -> dict:
   """The current form of a datagen manifest: `dir`, the folder of its files, and the
-  settings' `subword_sampling` (None: one segmentation)."""
+  settings' `subword_sampling` (None: one segmentation), and with it the "train_sampled"
+  split."""
   manifest = {"dir": "", **manifest}
   if isinstance(manifest.get("settings"), dict):
     manifest["settings"] = {"subword_sampling": None, **manifest["settings"]}
+    splits = manifest.get("splits")
+    if (manifest["settings"]["subword_sampling"] and isinstance(splits, dict)
+        and "train_sampled" not in splits and "train" in splits):
+      # Its "train" holds the sampled copies, and no split the one best.
+      manifest["splits"] = {("train_sampled" if name == "train" else name): info
+                            for name, info in splits.items()}
   return manifest
 
 

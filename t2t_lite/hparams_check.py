@@ -96,7 +96,8 @@ def check(hparams) -> None:
             "num_decoder_layers", "max_length", "min_length_bucket", "shuffle_buffer_size",
             "optimizer_multistep_accumulate_steps", "max_consecutive_nonfinite")
   _at_least(hparams, 0, "effective_batch_tokens", "learning_rate_warmup_steps",
-            "clip_grad_norm", "learning_rate_constant")
+            "clip_grad_norm", "learning_rate_constant", "subword_sampling_start",
+            "subword_sampling_min_updates")
   _fraction(hparams, "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
             "label_smoothing", "optimizer_adam_beta1", "optimizer_adam_beta2")
   if hparams.learning_rate_cooldown != COOLDOWN and not has_cooldown(hparams):

@@ -104,6 +104,11 @@ class BatchPlan:
   train_steps: int         # updates
   derived_from: str = ""   # how accumulate_steps was chosen, when not set directly
   schedule: AccumulateSchedule | None = None  # when accumulate_steps varies by update
+  # Of data with sampled segmentations: the updates up to this one read the one best
+  # (hparams.subword_sampling_start; 0: the sampled ones from the start).
+  sampling_start: int = 0
+  # ... and only in a run at least this long (hparams.subword_sampling_min_updates; 0: any).
+  sampling_min_updates: int = 0
 
   @property
   def accumulation(self) -> AccumulateSchedule:
@@ -119,6 +124,16 @@ class BatchPlan:
     return self.accumulation.micro_steps(self.train_steps)
 
   def lines(self) -> list[str]:
+    out = self._batch_lines()
+    if self.sampling_start or self.sampling_min_updates:
+      said = (f"the one best in updates 1-{self.sampling_start}, sampled ones after"
+              if self.sampling_start else "sampled ones from the start")
+      if self.sampling_min_updates:
+        said += f" if the run is at least {self.sampling_min_updates} updates long"
+      out.append(f"training segmentations: {said}")
+    return out
+
+  def _batch_lines(self) -> list[str]:
     if self.schedule is not None:
       out = [f"batch_size per replica and micro-step: {self.batch_size} tokens",
              f"replicas: {self.replicas}",
@@ -168,7 +183,8 @@ def plan(hparams, replicas: int, train_steps: int) -> BatchPlan:
   schedule = check(hparams, train_steps)
   if schedule is not None:
     return BatchPlan(hparams.batch_size, schedule.steps_for(1), replicas, train_steps,
-                     schedule=schedule)
+                     schedule=schedule, sampling_start=hparams.subword_sampling_start,
+                     sampling_min_updates=hparams.subword_sampling_min_updates)
   steps = hparams.optimizer_multistep_accumulate_steps
   derived = ""
   if hparams.effective_batch_tokens:
@@ -184,4 +200,6 @@ def plan(hparams, replicas: int, train_steps: int) -> BatchPlan:
                f"({hparams.batch_size} x {replicas} replicas)")
   if steps < 1:
     raise UsageError(f"optimizer_multistep_accumulate_steps={steps}: must be at least 1")
-  return BatchPlan(hparams.batch_size, steps, replicas, train_steps, derived)
+  return BatchPlan(hparams.batch_size, steps, replicas, train_steps, derived,
+                   sampling_start=hparams.subword_sampling_start,
+                   sampling_min_updates=hparams.subword_sampling_min_updates)

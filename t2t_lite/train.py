@@ -40,7 +40,15 @@ from t2t_lite.evaluation import Evaluator
 from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, TRAIN_STEPS, Agreed,
                              Checkpointing, Evaluation, Progress, Schedule, Stopping, decide)
 from t2t_lite.learner import NO_FLAGS, Learner
+from t2t_lite.problems.base import SAMPLED
 from t2t_lite.steps import BatchPlan
+
+# The checkpoint's names of the sampled segmentations' iterator and of the micro-batch of
+# the training stream from which it is read (see Trainer._make_iterators); that is UNDECIDED
+# until the run's length is judged (hparams.subword_sampling_min_updates), NEVER if too short.
+SAMPLED_STREAM = "iterator_sampled"
+SAMPLED_FROM = "sampled_from_batch"
+UNDECIDED, NEVER = -1, -2
 
 
 @dataclass
@@ -106,11 +114,19 @@ class Trainer:
     self.vocab = problem.get_vocab(options.data_dir)
     self._recorded = rundir.read_meta(options.output_dir)  # the run's record, if it has one
     self.faults = faults_lib.from_environment()
+    splits = self._training_splits()  # (refusals before the model is built)
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
                            self.strategy, self.faults, options.xla_compile)
-    self._train_files = problem.data_files(options.data_dir, "train")
     self.dev_files = problem.data_files(options.data_dir, "dev")
-    self.iterators = self._make_iterators(self._train_files)
+    self.iterators = self._make_iterators(splits)
+    self._sampled_from = UNDECIDED  # the host's mirror of sampled_from (see _start_sampling)
+    with self.strategy.scope():
+      self.sampled_from = tf.Variable(UNDECIDED, name=SAMPLED_FROM, dtype=tf.int64,
+                                      trainable=False,
+                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    streams = dict(self.iterators)
+    if SAMPLED_STREAM in streams:
+      streams[SAMPLED_FROM] = self.sampled_from
     # Every worker takes part in a save (reading the accumulators is a collective). The
     # chief writes output_dir; the others keep their own (their data iterators differ) in
     # output_dir/workers/<task>, and each resumes from its own directory.
@@ -119,9 +135,10 @@ class Trainer:
     # The accumulators exist only for n > 1; what later versions added may be missing from
     # an older checkpoint, and formats.upgrade_restored fills it in.
     self.checkpoints = Checkpoints(
-        {**self.iterators, **self.learner.trackables()}, directory, options.checkpointing,
+        {**streams, **self.learner.trackables()}, directory, options.checkpointing,
         self.strategy, self.faults, before_restore=self._check_stream,
-        optional=("accumulator", "cooldown_end", *formats.ADDED_TO_CHECKPOINTS),
+        optional=("accumulator", "cooldown_end", SAMPLED_STREAM, SAMPLED_FROM,
+                  *formats.ADDED_TO_CHECKPOINTS),
         shape_differences=tuple(rundir.shape_differences(
             self._recorded, hparams, self.vocab.size)))
     self._multi_worker = self.checkpoints.multi_worker
@@ -143,24 +160,133 @@ class Trainer:
                              options.evaluation, options.log_every)
     self._pace = None  # since the first budget check (see _plan_cooldown)
 
-  def _make_iterators(self, files) -> dict:
-    """The one training stream, whatever the layout: each micro-step takes the next
-    `replicas` micro-batches of it, batch r for replica r. Every process reads the whole
-    stream and keeps its own replicas' batches, so 2 replicas in one process, 2 worker
-    processes and 1 replica with twice the micro-steps train on the same batches.
+  def _training_splits(self) -> list[str]:
+    """The training splits read in turn: "train", or on data with sampled segmentations
+    the sampled split, after the one best's updates if the hparams may want any (see
+    _start_sampling)."""
+    manifest = self.problem.manifest(self.options.data_dir)
+    start = self.plan.sampling_start
+    minimum = self.hparams.subword_sampling_min_updates
+    if SAMPLED not in manifest["splits"]:
+      if start or minimum:
+        raise UsageError(
+            f"subword_sampling_start={start} and subword_sampling_min_updates={minimum} say "
+            f"when to read sampled segmentations, but {self.options.data_dir} has none; make "
+            "the data with t2t-lite-datagen --subword_sampling_copies=16 "
+            "--subword_sampling_alpha=0.3, or set both to 0 to train on the one best")
+      return ["train"]
+    if minimum and not start and self.options.stopping.train_minutes:
+      raise UsageError(
+          f"subword_sampling_min_updates={minimum} with a time budget is judged by the "
+          "budget's projection at update subword_sampling_start, which is 0: set "
+          "subword_sampling_start to an update after the first budget checks (e.g. 100)")
+    if minimum and self.options.stopping.train_minutes and not hparams_check.has_cooldown(
+        self.hparams):
+      raise UsageError(
+          f"subword_sampling_min_updates={minimum} with a time budget is judged by the "
+          "projection of the learning-rate cooldown, which learning_rate_schedule="
+          f"{self.hparams.learning_rate_schedule!r} lacks; append '*linear_cooldown', or "
+          "drop --train_minutes or subword_sampling_min_updates")
+    if "train" not in manifest["splits"] and (start or minimum):
+      raise UsageError(
+          f"{self.options.data_dir} holds only sampled segmentations (made by an earlier "
+          f"t2t-lite-datagen), and subword_sampling_start={start} with "
+          f"subword_sampling_min_updates={minimum} may want the one best; run "
+          "t2t-lite-datagen on it again (the sampled records stay the same)")
+    return ["train", SAMPLED] if start or minimum else [SAMPLED]
+
+  def _make_iterators(self, splits: list[str]) -> dict:
+    """The training stream, whatever the layout: each micro-step takes the next `replicas`
+    micro-batches of it, batch r for replica r. Every process reads the whole stream and
+    keeps its own replicas' batches, so 2 replicas in one process, 2 worker processes and 1
+    replica with twice the micro-steps train on the same batches. With two `splits` (the
+    one best, then the sampled segmentations), the stream is the first's batches up to
+    micro-batch `sampled_from` (see _start_sampling) and the second's from there; each has
+    an iterator in the checkpoint, and the micro-step counter says which one is read. The
+    switch is a position in the stream, counted in micro-batches as the counter is (and a
+    skipped update has read its batches too), so a resumed run, on any layout, switches
+    where a run never stopped does.
     """
     ids = self.strategy.experimental_distribute_values_from_function(
         lambda context: context.replica_id_in_sync_group)
     self.replica_ids = [int(i) for i in self.strategy.experimental_local_results(ids)]
     # "iterator_0" and shard (0, 1): the name and pipeline of the one-replica runs before
     # the stream was shared, whose checkpoints therefore still resume exactly.
-    return {"iterator_0": iter(data_lib.train_dataset(
-        files, self.hparams, self.options.seed, shard=(0, 1),
-        pad_to_bucket_boundary=self.options.xla_compile))}
+    streams = {}
+    for name, split in zip(("iterator_0", SAMPLED_STREAM), splits):
+      streams[name] = iter(data_lib.train_dataset(
+          self.problem.data_files(self.options.data_dir, split), self.hparams,
+          self.options.seed, shard=(0, 1), pad_to_bucket_boundary=self.options.xla_compile))
+    return streams
+
+  def _stream(self):
+    """The iterator the next micro-step reads (see _make_iterators)."""
+    batch = self.learner.host_micro_step() * self.plan.replicas
+    if self._sampled_from < 0 or batch < self._sampled_from:
+      return self.iterators["iterator_0"]
+    if batch == self._sampled_from:  # (one device read, once)
+      logging.info("update %d: training reads the sampled segmentations from here on",
+                   int(self.learner.update_step.numpy()) + 1)
+    return self.iterators[SAMPLED_STREAM]
+
+  # --- when the sampled segmentations are read (see steps.BatchPlan) --------------------
+  def _start_sampling(self, update: int) -> None:
+    """The micro-batch the sampled segmentations are read from: recorded in the checkpoint,
+    or decided now (no minimum length, or the run's length is --train_steps), or left to
+    the time budget's projection (see _judge_sampling)."""
+    if SAMPLED_STREAM not in self.iterators:
+      return
+    self._sampled_from = int(self.sampled_from.numpy())
+    minimum, start = self.hparams.subword_sampling_min_updates, self.plan.sampling_start
+    if self._sampled_from != UNDECIDED:
+      logging.info("subword sampling: %s (recorded in the run)", self._sampling_said())
+    elif not minimum:
+      self._decide_sampling(True, update, "")
+    elif int(self.learner.cooldown_end.numpy()):  # fixed: no more checks of the budget
+      end = int(self.learner.cooldown_end.numpy())
+      self._decide_sampling(end >= minimum, update, f"the run's last update, {end}")
+    elif not self.options.stopping.train_minutes:
+      self._decide_sampling(self.plan.train_steps >= minimum, update,
+                            f"--train_steps={self.plan.train_steps}")
+    else:
+      logging.info("subword sampling: from update %d if the time budget's projection at "
+                   "update %d reaches %d updates, else the one best throughout",
+                   start + 1, start, minimum)
+
+  def _judge_sampling(self, update: int, length: int, final: bool) -> None:
+    """At a check of the time budget, which projects the run's `length` (`final`: fixed):
+    decides the segmentations at the last check before subword_sampling_start is passed,
+    or at the first one after it that has a projection."""
+    if SAMPLED_STREAM not in self.iterators or self._sampled_from != UNDECIDED or not length:
+      return
+    if final or update + self.schedule.cooldown_every > self.plan.sampling_start:
+      self._decide_sampling(length >= self.hparams.subword_sampling_min_updates, update,
+                            f"the time budget's projection at update {update}: "
+                            f"{length} updates")
+
+  def _decide_sampling(self, switch: bool, update: int, why: str) -> None:
+    start = self.plan.sampling_start
+    chosen = NEVER
+    if switch:
+      chosen = self.plan.replicas * (self.plan.accumulation.micro_steps(start)
+                                     if update <= start else self.learner.host_micro_step())
+    self.sampled_from.assign(chosen)
+    self._sampled_from = chosen
+    minimum = self.hparams.subword_sampling_min_updates
+    logging.info("subword sampling: %s%s", self._sampling_said(),
+                 f" ({why}; subword_sampling_min_updates={minimum})" if why else "")
+
+  def _sampling_said(self) -> str:
+    if self._sampled_from == NEVER:
+      return "the one best segmentation throughout"
+    update = self.plan.accumulation.last_update_within(
+        self._sampled_from // self.plan.replicas, 1 << 40)
+    return (f"the sampled segmentations from update {update + 1}" if update else
+            "the sampled segmentations from the start")
 
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
-    stream = self.iterators["iterator_0"]
+    stream = self._stream()
     taken = [next(stream) for _ in range(self.strategy.num_replicas_in_sync)]
     batches = {r: taken[r] for r in self.replica_ids}
     if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
@@ -370,6 +496,7 @@ class Trainer:
     self._window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
     update = self._read_window()  # a new window
     self._start_cooldown(update)
+    self._start_sampling(update)
     progress = Progress(tried=update, seen=update, applied=update)
     # A resumed run that early stopping had stopped stays stopped.
     early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
@@ -483,7 +610,10 @@ class Trainer:
     projected = self._pace.project(update, now, clock.deadline, self.plan.train_steps)
     projected = int(self._from_chief([float(projected or 0) if self.is_chief else 0.0])[0])
     fraction = self.hparams.learning_rate_cooldown
-    if projected and budget.fix_now(update, projected, fraction, self.schedule.cooldown_every):
+    final = bool(projected) and budget.fix_now(update, projected, fraction,
+                                               self.schedule.cooldown_every)
+    self._judge_sampling(update, projected, final)
+    if final:
       self.learner.cooldown_end.assign(projected)
       self._fix_end(projected, f"the time budget's projection at update {update}, "
                     f"{(self._pace.rate(update, now) or 0.0) * 60:.0f} "

@@ -47,6 +47,30 @@ def multi30k_data(tmp_path_factory) -> str:
   return data_dir
 
 
+@pytest.fixture(scope="session")
+def sampled_data(tmp_path_factory) -> str:
+  """Multi30k en-de cut to its first 3,000 training pairs (dev and test: 300; the raw
+  files in data_dir/raw), through t2t-lite-datagen with 2 sampled segmentations of every
+  training pair (SAMPLED_DATAGEN; a few seconds)."""
+  import gzip
+  data_dir = str(tmp_path_factory.mktemp("sampled_data"))
+  raw = os.path.join(data_dir, "raw")
+  os.makedirs(raw)
+  for split, keep in (("train", 3000), ("val", 300), ("test_2016_flickr", 300)):
+    for lang in ("en", "de"):
+      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)[:keep]
+      with gzip.open(os.path.join(raw, f"{split}.{lang}.gz"), "wb") as f:
+        f.writelines(lines)
+  cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}", f"--tmp_dir={raw}",
+      check=True)
+  return data_dir
+
+
+SAMPLED_DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
+                   "--subword_sampling_copies=2", "--subword_sampling_alpha=0.3")
+
+
 def vocab_path(data_dir) -> str:
   """The vocabulary file of Multi30k en-de data in `data_dir`, as its manifest places it."""
   from t2t_lite import registry

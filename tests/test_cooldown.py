@@ -94,13 +94,13 @@ def _trainer(output_dir, data_dir, train_steps, minutes=0.0, **overrides):
 
 def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k_data,
                                                                         tmp_path):
-  """A 9-second budget (the first updates trace the steps: a loaded machine needs the
+  """A 12-second budget (the first updates trace the steps: a loaded machine needs the
   margin), with an accumulation schedule (2 micro-steps an update after update 10). The end
   is projected from the pace of micro-steps through the schedule and fixed; the learning rate
   logged at the last update is the cooldown's; resumed, the run ends at the same update."""
   output_dir = tmp_path / "run"
   accumulate = AccumulateSchedule.parse("1@0;2@10")
-  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15,
+  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2,
                               optimizer_multistep_accumulate_schedule=str(accumulate))
   first = trainer.train()
   assert trainer._pace.schedule == accumulate  # the projection counts the longer updates
@@ -117,7 +117,7 @@ def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k
     assert first["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
     assert rates[last] == pytest.approx(_rate(hparams, last) / length, rel=1e-5)
 
-  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15,
+  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2,
                         optimizer_multistep_accumulate_schedule=str(accumulate))
   second = resumed.train()
   assert int(resumed.learner.cooldown_end.numpy()) == end

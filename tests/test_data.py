@@ -568,11 +568,12 @@ def test_training_reads_its_shards_in_parallel_one_record_of_each_in_turn(two_pa
 
 def test_make_train_data_step_makes_12000_pieces_and_refuses_older_data(multi30k_data, tmp_path):
   """`make train`'s data step (data_scripts/multi30k_data.sh) asks for a 12000-piece
-  vocabulary and one segmentation unless VOCAB_SIZE and SUBWORD_SAMPLING_COPIES (16 sampled
-  copies at SUBWORD_SAMPLING_ALPHA, 0.3 unless set) say otherwise. Data made with the
-  problem's own 8000 pieces (what `make train` made before) is refused (exit 2, saying what
-  differs) and left whole, as is the same data asked for with sampling, or an alpha without
-  copies; with VOCAB_SIZE=8000 the same data is up to date and kept as it is."""
+  vocabulary and 16 sampled segmentations at alpha 0.3 unless VOCAB_SIZE,
+  SUBWORD_SAMPLING_COPIES (0: none) and SUBWORD_SAMPLING_ALPHA say otherwise. Data made with
+  the problem's own 8000 pieces and no sampling (what `make train` made before) is refused
+  (exit 2, saying what differs) and left whole, as is the same data asked for with sampling,
+  or an alpha without copies; with VOCAB_SIZE=8000 and SUBWORD_SAMPLING_COPIES=0 the same
+  data is up to date and kept as it is."""
   data_dir = tmp_path / "data"
   shutil.copytree(multi30k_data, data_dir)
   before = _digests(data_dir)
@@ -586,12 +587,14 @@ def test_make_train_data_step_makes_12000_pieces_and_refuses_older_data(multi30k
                           env=dict(env, **variables), timeout=300)
 
   _assert_usage_error(data_step(), "holds translate_ende_multi30k data made from other inputs "
-                      "or settings (vocab_size 8000 -> 12000)", "another --data_dir")
-  _assert_usage_error(data_step(VOCAB_SIZE="8000", SUBWORD_SAMPLING_COPIES="16"),
+                      "or settings (subword_sampling None -> {'copies': 16, 'alpha': 0.3}; "
+                      "vocab_size 8000 -> 12000)", "another --data_dir")
+  _assert_usage_error(data_step(VOCAB_SIZE="8000"),
                       "settings (subword_sampling None -> {'copies': 16, 'alpha': 0.3})")
-  _assert_usage_error(data_step(VOCAB_SIZE="8000", SUBWORD_SAMPLING_ALPHA="0.5"),
+  _assert_usage_error(data_step(VOCAB_SIZE="8000", SUBWORD_SAMPLING_COPIES="0",
+                                SUBWORD_SAMPLING_ALPHA="0.5"),
                       "--subword_sampling_alpha needs --subword_sampling_copies")
-  kept = data_step(VOCAB_SIZE="8000")
+  kept = data_step(VOCAB_SIZE="8000", SUBWORD_SAMPLING_COPIES="0")
   assert kept.returncode == 0, kept.stderr[-2000:]
   after = _digests(data_dir)
   assert {path: digest for path, digest in after.items() if not path.startswith("raw/")} == before
@@ -609,23 +612,27 @@ def _sampling_datagen(raw, out, *flags):
 
 
 def test_subword_sampling_writes_seeded_sampled_copies_of_every_training_pair(tmp_path):
-  """--subword_sampling_copies=3: the training shards hold 3 records of every pair, each
-  decoding to the pair's text, most pairs with more than one segmentation among them;
-  dev and test keep the one best. The same inputs and settings give the same bytes, and the
-  manifest and the summary say what was done."""
+  """--subword_sampling_copies=3: the "train_sampled" shards hold 3 records of every pair,
+  each decoding to the pair's text, most pairs with more than one segmentation among them;
+  "train" holds the one best, the bytes datagen writes without sampling, and dev and test
+  keep the one best. The same inputs and settings give the same bytes, and the manifest and
+  the summary say what was done."""
   raw = tmp_path / "raw"
   _corpus(raw)
   flags = ("--subword_sampling_copies=3", "--subword_sampling_alpha=0.3")
   first = _sampling_datagen(raw, tmp_path / "one", *flags)
   assert first.returncode == 0, first.stderr
-  assert ("translate_folder train: 300 pairs read, 300 kept (dropped: 0 empty_or_whitespace), 3 "
-          "sampled segmentations each (alpha 0.3) -> 4 file(s)") in first.stdout
+  assert ("translate_folder train: 300 pairs read, 300 kept (dropped: 0 empty_or_whitespace) "
+          "-> 4 file(s)\ntranslate_folder train_sampled: 300 pairs read, 300 kept (dropped: 0 "
+          "empty_or_whitespace), 3 sampled segmentations each (alpha 0.3) -> 4 file(s)"
+          ) in first.stdout
   problem = registry.problem("translate_folder")
   out = str(tmp_path / "one")
   manifest = problem.manifest(out)
   assert manifest["settings"]["subword_sampling"] == {"copies": 3, "alpha": 0.3}
   vocab = problem.get_vocab(out)
-  records = [r for path in problem.data_files(out, "train") for r in _shard_records(path)]
+  records = [r for path in problem.data_files(out, "train_sampled")
+             for r in _shard_records(path)]
   assert len(records) == 900
   pairs = read_parallel(str(raw / "train.en"), str(raw / "train.de"))
   by_text = {}
@@ -646,6 +653,9 @@ def test_subword_sampling_writes_seeded_sampled_copies_of_every_training_pair(tm
   again = [str(tmp_path / f"again-{i}.tfrecord") for i in range(4)]
   assert shards.write_shuffled(vocab, pairs, again, 300, 1, copies=3, sampling_alpha=0.3) == 900
   # The same seed in this process draws what the datagen process drew: the same bytes.
+  assert ([open(path, "rb").read() for path in again]
+          == [open(path, "rb").read() for path in problem.data_files(out, "train_sampled")])
+  assert shards.write_shuffled(vocab, pairs, again, 300, 1) == 300  # as without sampling
   assert ([open(path, "rb").read() for path in again]
           == [open(path, "rb").read() for path in problem.data_files(out, "train")])
   assert "nothing to do" in _sampling_datagen(raw, tmp_path / "one", *flags).stdout
@@ -681,3 +691,30 @@ def test_subword_sampling_flags_are_checked_and_a_change_is_refused_unasked(tmp_
   _assert_usage_error(changed, "made from other inputs or settings", "subword_sampling None -> "
                       "{'copies': 2, 'alpha': 0.5}", "--overwrite")
   assert _digests(out) == before
+
+
+def test_sampled_data_of_the_earlier_form_is_made_again_with_the_same_sampled_records(
+    sampled_data, tmp_path):
+  """Sampled data made before the one best was kept beside the sampled copies (its "train"
+  split held the copies) is not up to date: datagen with the same settings makes it again,
+  unasked (no other inputs or settings), with the one best as "train" and the very same
+  sampled records as "train_sampled", so runs trained on it continue on the same stream."""
+  from conftest import SAMPLED_DATAGEN
+  data_dir = tmp_path / "data"
+  shutil.copytree(sampled_data, data_dir)
+  path = data_dir / "translate_ende_multi30k.manifest.json"
+  manifest = json.loads(path.read_text())
+  problem = registry.problem("translate_ende_multi30k")
+  sampled = [open(f, "rb").read() for f in problem.data_files(str(data_dir), "train_sampled")]
+  one_best = [open(f, "rb").read() for f in problem.data_files(str(data_dir), "train")]
+  manifest["splits"]["train"] = manifest["splits"].pop("train_sampled")
+  path.write_text(json.dumps(manifest))
+  assert sorted(problem.manifest(str(data_dir))["splits"]) == ["dev", "test", "train_sampled"]
+  again = cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}",
+              f"--tmp_dir={data_dir / 'raw'}")
+  assert again.returncode == 0 and "nothing to do" not in again.stdout, again.stderr[-2000:]
+  assert sorted(problem.manifest(str(data_dir))["splits"]) == [
+      "dev", "test", "train", "train_sampled"]
+  for split, records in (("train_sampled", sampled), ("train", one_best)):
+    assert [open(f, "rb").read() for f in problem.data_files(str(data_dir), split)] == records
+  assert not os.path.exists(data_dir / manifest["dir"])  # the earlier folder is removed

@@ -51,17 +51,19 @@ def _finish(processes):
 
 
 def _flags(data_dir):
-  return NO_EVAL_FLAGS + [f"--data_dir={data_dir}"]
+  """On data with sampled segmentations, read from update 3 on (micro-step 4 at n = 2)."""
+  return [f"{flag},subword_sampling_start=2" if flag.startswith("--hparams=") else flag
+          for flag in NO_EVAL_FLAGS] + [f"--data_dir={data_dir}"]
 
 
 @pytest.fixture(scope="module")
-def two_worker_run(multi30k_data, tmp_path_factory):
+def two_worker_run(sampled_data, tmp_path_factory):
   """3 updates (n=2) by 2 worker processes over TF_CONFIG, saving after each (ckpt-4, 8 and
   12, named by the micro-batches of both), and by one process with 2 mirrored replicas, run
-  side by side."""
+  side by side; the third update reads the sampled segmentations (see _flags)."""
   root = tmp_path_factory.mktemp("two_workers")
   mirrored_dir, workers_dir = str(root / "mirrored"), str(root / "workers")
-  flags = _flags(multi30k_data)
+  flags = _flags(sampled_data)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
   processes = [_trainer(*flags, "--train_steps=3", "--strategy=mirrored", "--cpu_replicas=2",
                         f"--output_dir={mirrored_dir}")]
@@ -81,6 +83,9 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   # one packed all-reduce per update, not one per variable (30 here: one layer a stack)
   for _, err in two_worker_run["outputs"][1:]:
     assert "cross-replica sum per update: 33 tensors in 1 collective all-reduce op(s)" in err
+  for out, err in two_worker_run["outputs"]:  # and all read the sampled ones from update 3
+    assert "training segmentations: the one best in updates 1-2, sampled ones after" in out
+    assert err.count("update 3: training reads the sampled segmentations from here on") == 1
   workers_dir = two_worker_run["workers_dir"]
   mirrored, workers = _final_values(two_worker_run["mirrored_dir"]), _final_values(workers_dir)
   assert mirrored.keys() == workers.keys() and len(mirrored) > 20
@@ -115,12 +120,12 @@ def _remove_checkpoint(directory, name, state_too=False):
 
 
 def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run,
-                                                                  multi30k_data, tmp_path):
+                                                                  sampled_data, tmp_path):
   workers_dir = str(tmp_path / "workers")
   shutil.copytree(two_worker_run["workers_dir"], workers_dir)
   for name in ("ckpt-4", "ckpt-8", "ckpt-12"):  # the chief's run directory lost all its checkpoints
     _remove_checkpoint(workers_dir, name, state_too=True)
-  for index, (process, _, err) in enumerate(_two_workers(multi30k_data, workers_dir,
+  for index, (process, _, err) in enumerate(_two_workers(sampled_data, workers_dir,
                                                          train_steps=4)):
     # Both find the same: each says so, as a usage error (or, had the other's report
     # reached it first, as the other's error).
@@ -133,14 +138,14 @@ def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run
 
 
 def test_a_signal_to_one_worker_the_loss_of_another_and_a_lost_checkpoint(
-    two_worker_run, multi30k_data, tmp_path):
+    two_worker_run, sampled_data, tmp_path):
   """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and
   save. Resumed, worker 1 is SIGKILLed in update 3: worker 0 exits with one line naming it,
   within 60 s. Then worker 1 loses its newest checkpoint (ckpt-8): resumed again, both
   start from ckpt-4, the newest they all have (the chief from ckpt-8 and worker 1 from ckpt-4
   would hang the job in its collectives), and the pair ends where an unbroken run ends."""
   output_dir = str(tmp_path / "run")
-  flags = [*_flags(multi30k_data), "--train_steps=3", "--save_checkpoints_steps=1",
+  flags = [*_flags(sampled_data), "--train_steps=3", "--save_checkpoints_steps=1",
            f"--output_dir={output_dir}"]
   chief, other = finish(start_workers(flags, {1: {"T2T_LITE_FAULT": "signal:1"}}))
   for worker in (chief, other):

@@ -84,6 +84,25 @@ def test_a_run_record_from_before_the_data_record_reads_as_not_recorded(tmp_path
   assert formats.run_record(None) is None
   current = {"data": {"problem": "p"}, "random_seed": 7}
   assert formats.run_record(current) == current
+  # A run from before the segmentation switch read its one training split from the start.
+  assert meta["hparams"] == {"subword_sampling_start": 0, "subword_sampling_min_updates": 0}
+  recorded = {"data": None, "random_seed": 7, "hparams": {"subword_sampling_start": 100,
+                                                          "subword_sampling_min_updates": 9}}
+  assert formats.run_record(recorded) == recorded
+
+
+def test_sampled_data_from_before_the_one_best_was_kept_reads_as_sampled_only():
+  """Its "train" split held the sampled copies: it reads as "train_sampled", with no
+  "train" (datagen makes the data again; a switch from the one best is refused on it)."""
+  older = {"dir": "d", "settings": {"subword_sampling": {"copies": 2, "alpha": 0.3}},
+           "splits": {"train": {"files": ["a"]}, "dev": {"files": ["b"]}}}
+  assert formats.data_manifest(older)["splits"] == {"train_sampled": {"files": ["a"]},
+                                                    "dev": {"files": ["b"]}}
+  current = {"dir": "d", "settings": {"subword_sampling": {"copies": 2, "alpha": 0.3}},
+             "splits": {"train": {"files": ["a"]}, "train_sampled": {"files": ["c"]}}}
+  assert formats.data_manifest(current) == current
+  one_best = {"dir": "d", "settings": {}, "splits": {"train": {"files": ["a"]}}}
+  assert formats.data_manifest(one_best)["splits"] == {"train": {"files": ["a"]}}
 
 
 def test_a_best_model_record_from_before_early_stopping_reads_as_best_by_dev_bleu(tmp_path):

@@ -55,6 +55,7 @@ def test_tensor2tensor_values():
   assert (cpu.layer_prepostprocess_dropout, cpu.dropout_ramp_initial, cpu.dropout_ramp_start,
           cpu.dropout_ramp_end, cpu.attention_dropout, cpu.relu_dropout) == (
               0.3, 0.0, 400, 1200, 0.0, 0.0)
+  assert (cpu.subword_sampling_start, cpu.subword_sampling_min_updates) == (100, 1800)
 
 
 def test_fake_gpu8_is_base_with_eight_accumulate_steps_and_has_alias():

@@ -16,6 +16,9 @@ FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
          f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=4",
          "--save_checkpoints_steps=1", "--keep_checkpoint_max=3", "--log_every=1",
          "--local_eval_frequency=0", "--random_seed=5", "--train_steps=6"]
+# The same on data with sampled segmentations, read from update 4 on (micro-step 12).
+SWITCH_FLAGS = [f"{flag},subword_sampling_start=3" if flag.startswith("--hparams=") else flag
+                for flag in FLAGS]
 
 
 def _model_values(output_dir):
@@ -25,9 +28,9 @@ def _model_values(output_dir):
           if n.startswith("model/") and n.endswith("VARIABLE_VALUE")}
 
 
-def _start(output_dir, data_dir, fault=""):
+def _start(output_dir, data_dir, fault="", flags=FLAGS):
   env = dict(os.environ, T2T_LITE_FAULT=fault)
-  return subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *FLAGS,
+  return subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *flags,
                            f"--data_dir={data_dir}", f"--output_dir={output_dir}"],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -45,39 +48,43 @@ def _kill_when(process, marker, occurrence=1):
   return process.returncode
 
 
-def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(multi30k_data, tmp_path):
+def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(sampled_data, tmp_path):
   """Broken five ways and resumed, a run ends where an unbroken one of the same seed does,
-  having logged the same loss at every update."""
+  having logged the same loss at every update; before and after it switched from the one
+  best segmentation to the sampled ones (subword_sampling_start=3), and across the switch."""
   from test_train import _scalars
   start = time.time()
   straight = str(tmp_path / "straight")
   log = open(tmp_path / "straight.log", "w")  # a file: an unread pipe could fill and stall it
-  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *FLAGS,
-                               f"--data_dir={multi30k_data}", f"--output_dir={straight}"],
+  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *SWITCH_FLAGS,
+                               f"--data_dir={sampled_data}", f"--output_dir={straight}"],
                               stdout=subprocess.DEVNULL, stderr=log)  # beside the broken runs
 
   broken = str(tmp_path / "broken")
+  resume = lambda fault="": _start(broken, sampled_data, fault, SWITCH_FLAGS)  # noqa: E731
   # 1: mid-accumulation (micro-step 6 of 24; the last checkpoint is update 1)
-  assert _start(broken, multi30k_data, fault="micro:6").wait(timeout=120) == -signal.SIGKILL
+  assert resume("micro:6").wait(timeout=120) == -signal.SIGKILL
   # 2: inside a checkpoint save: files written, checkpoint state not yet updated
-  assert _start(broken, multi30k_data, fault="save:2").wait(timeout=120) == -signal.SIGKILL
+  assert resume("save:2").wait(timeout=120) == -signal.SIGKILL
   # 3: between micro-steps, right after an update was logged (before its checkpoint)
-  assert _kill_when(_start(broken, multi30k_data), "update 4/6") == -signal.SIGKILL
+  assert _kill_when(resume(), "update 4/6") == -signal.SIGKILL
   # 4: while restoring, at start-up
-  assert _kill_when(_start(broken, multi30k_data), "resumed from") == -signal.SIGKILL
+  assert _kill_when(resume(), "resumed from") == -signal.SIGKILL
   # 5: a failure outside the compiled steps, mid-update: saved first, one line, exit 1
-  failed = _start(broken, multi30k_data, fault="raise:22")
+  failed = resume("raise:22")
   _, err = failed.communicate(timeout=120)
   assert failed.returncode == 1, err[-3000:]
   last = err.strip().splitlines()[-1]
   assert last.startswith("t2t-lite-trainer: error: RuntimeError: injected failure after "
                          "micro-step 22; the run was saved first (") and "ckpt-22)" in last, last
-  final = _start(broken, multi30k_data)
+  final = resume()
   _, err = final.communicate(timeout=180)
   assert final.returncode == 0, err[-3000:]
   assert "update 6/6 (micro-step 24)" in err
   assert unbroken.wait(timeout=180) == 0, (tmp_path / "straight.log").read_text()[-3000:]
   log.close()
+  switch = "update 4: training reads the sampled segmentations from here on"
+  assert (tmp_path / "straight.log").read_text().count(switch) == 1
   # An update logged again after a kill logs the same loss (the last logged is kept here).
   losses = [dict(_scalars(os.path.join(d, "train"))["loss"]) for d in (straight, broken)]
   assert sorted(losses[0]) == list(range(1, 7)) and losses[1].keys() == losses[0].keys()

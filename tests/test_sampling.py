@@ -2,9 +2,11 @@
 does, reproducibly and in bounded memory."""
 
 import collections
+import functools
 import math
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -93,3 +95,152 @@ def test_a_word_no_piece_covers_keeps_its_one_best(processor):
   for seed in range(5):
     (ids,) = sampler.sample([text], 0.3, random.Random(seed))
     assert processor.unk_id() in ids and processor.decode(ids) == processor.decode(best)
+
+
+# --- the trainer: the one best, then the sampled segmentations -----------------------------
+
+@functools.lru_cache(maxsize=4)
+def _records(data_dir, split):
+  """The (inputs, targets) id tuples of `split`'s shards."""
+  import tensorflow as tf
+  from t2t_lite import data, registry
+  files = registry.problem("translate_ende_multi30k").data_files(data_dir, split)
+  return frozenset((tuple(ex["inputs"].numpy()), tuple(ex["targets"].numpy()))
+                   for ex in tf.data.TFRecordDataset(files).map(data.parse_example))
+
+
+def _trainer(data_dir, output_dir, start, train_steps=5, minutes=0.0, **overrides):
+  from conftest import tiny_hparams
+  from t2t_lite import registry, steps
+  from t2t_lite.decide import Checkpointing, Evaluation, Stopping
+  from t2t_lite.train import RunOptions, Trainer
+  overrides = {"optimizer_multistep_accumulate_steps": 2, **overrides}
+  hparams = tiny_hparams(subword_sampling_start=start, **overrides)
+  options = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
+                       evaluation=Evaluation(frequency=0), log_every=5 if minutes else 0,
+                       checkpointing=Checkpointing(save_steps=0),
+                       stopping=Stopping(train_minutes=minutes))
+  return Trainer(hparams, registry.problem("translate_ende_multi30k"),
+                 steps.plan(hparams, 1, train_steps), options)
+
+
+def _recording(trainer):
+  """The rows of every micro-batch `trainer` reads, in a list it fills as it trains."""
+  read, next_batch = [], trainer.next_batch
+
+  def recording():
+    batch = next_batch()
+    read.append(_rows(batch))
+    return batch
+
+  trainer.next_batch = recording
+  return read
+
+
+def _rows(batch):
+  return [(tuple(int(i) for i in source if i), tuple(int(i) for i in target if i))
+          for source, target in zip(batch["inputs"].numpy(), batch["targets"].numpy())]
+
+
+def test_training_reads_the_one_best_up_to_subword_sampling_start_then_the_sampled_copies(
+    sampled_data, tmp_path):
+  """subword_sampling_start=3 with 2 micro-steps an update: micro-steps 0-5 (updates 1-3)
+  read the one best segmentation ("train"), micro-steps 6-9 the sampled copies
+  ("train_sampled", of which under 3% are the one best of both sides); the plan says so.
+  subword_sampling_start=0 reads the sampled copies from the first batch."""
+  one_best, sampled = _records(sampled_data, "train"), _records(sampled_data, "train_sampled")
+  assert len(one_best) == 3000 and len(sampled) > 5900 and len(one_best & sampled) < 180
+  trainer = _trainer(sampled_data, tmp_path / "switch", start=3)
+  assert trainer.plan.lines()[-1] == ("training segmentations: the one best in updates 1-3, "
+                                      "sampled ones after")
+  read = _recording(trainer)
+  assert trainer.train()["stop_reason"] == "train_steps reached"
+  assert len(read) == 10
+  for micro_step, rows in enumerate(read):
+    split = one_best if micro_step < 6 else sampled
+    assert all(row in split for row in rows), micro_step
+  assert sum(row in one_best for rows in read[6:] for row in rows) < 0.2 * sum(map(len, read[6:]))
+  from_start = _trainer(sampled_data, tmp_path / "from_start", start=0)
+  rows = _rows(from_start.next_batch()) + _rows(from_start.next_batch())
+  assert all(row in sampled for row in rows)
+  assert sum(row in one_best for row in rows) < 0.2 * len(rows)
+
+
+def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
+    multi30k_data, sampled_data, tmp_path):
+  """subword_sampling_start > 0 on data without sampled segmentations, or on sampled data
+  made before the one best was kept beside them, is a usage error saying what to do (before
+  the model is built); subword_sampling_start=0 trains on the sampled records of the
+  latter."""
+  import json
+  import shutil
+  from t2t_lite.errors import UsageError
+  with pytest.raises(UsageError) as refused:
+    _trainer(multi30k_data, tmp_path / "run", start=1000)
+  assert str(refused.value) == (
+      "subword_sampling_start=1000 and subword_sampling_min_updates=0 say when to read "
+      f"sampled segmentations, but {multi30k_data} has none; make the data with "
+      "t2t-lite-datagen --subword_sampling_copies=16 --subword_sampling_alpha=0.3, or set "
+      "both to 0 to train on the one best")
+  # The form of sampled data before: its "train" split holds the sampled copies.
+  older = tmp_path / "older"
+  shutil.copytree(sampled_data, older, ignore=shutil.ignore_patterns("raw"))
+  path = older / "translate_ende_multi30k.manifest.json"
+  manifest = json.loads(path.read_text())
+  manifest["splits"]["train"] = manifest["splits"].pop("train_sampled")
+  path.write_text(json.dumps(manifest))
+  with pytest.raises(UsageError, match=r"holds only sampled segmentations \(made by an earlier "
+                     r"t2t-lite-datagen\), and subword_sampling_start=3 with "
+                     r"subword_sampling_min_updates=0 may want the one best; run "
+                     r"t2t-lite-datagen on it again"):
+    _trainer(str(older), tmp_path / "run", start=3)
+  trainer = _trainer(str(older), tmp_path / "run", start=0)
+  rows = _rows(trainer.next_batch())
+  assert all(row in _records(sampled_data, "train_sampled") for row in rows)
+
+
+def test_a_budget_too_short_for_subword_sampling_min_updates_keeps_the_one_best(
+    sampled_data, tmp_path, monkeypatch):
+  """subword_sampling_start=10, subword_sampling_min_updates=40, a time budget checked every
+  5 updates: the projection at update 10 decides. Projected at 30 updates, the run reads the
+  one best throughout; at 45, the sampled copies from update 11 (micro-step 10, n = 1). The
+  decision is in the checkpoint: a resumed run keeps it. Without a cooldown to project, or
+  with no update to judge at, a time budget with the minimum is refused."""
+  from t2t_lite import budget
+  from t2t_lite.errors import UsageError
+  from t2t_lite.train import NEVER
+  one_best, sampled = _records(sampled_data, "train"), _records(sampled_data, "train_sampled")
+  cooldown = {"optimizer_multistep_accumulate_steps": 1, "subword_sampling_min_updates": 40,
+              "learning_rate_schedule": "constant*linear_warmup*linear_cooldown"}
+  for projected in (30, 45):
+    monkeypatch.setattr(budget.Pace, "project", lambda *args, end=projected: end)
+    output_dir = tmp_path / f"run{projected}"
+    trainer = _trainer(sampled_data, output_dir, 10, 10 ** 5, minutes=10.0, **cooldown)
+    assert trainer.plan.lines()[-1] == ("training segmentations: the one best in updates "
+                                        "1-10, sampled ones after if the run is at least 40 "
+                                        "updates long")
+    read = _recording(trainer)
+    assert trainer.train()["updates"] == projected  # the cooldown's end, as projected
+    switch = 10 if projected == 45 else projected
+    assert all(row in one_best for rows in read[:switch] for row in rows)
+    assert all(row in sampled for rows in read[switch:] for row in rows)
+    assert int(trainer.sampled_from.numpy()) == (10 if projected == 45 else NEVER)
+    resumed = _trainer(sampled_data, output_dir, 10, 10 ** 5, minutes=10.0, **cooldown)
+    assert resumed.train()["updates"] == projected
+    assert int(resumed.sampled_from.numpy()) == int(trainer.sampled_from.numpy())
+  for start, schedule, message in (
+      (0, cooldown["learning_rate_schedule"], "judged by the budget's projection at update "
+       "subword_sampling_start, which is 0: set subword_sampling_start to an update after "
+       "the first budget checks"),
+      (10, "constant*linear_warmup", "judged by the projection of the learning-rate "
+       "cooldown, which learning_rate_schedule='constant*linear_warmup' lacks")):
+    with pytest.raises(UsageError, match=re.escape(message)):
+      _trainer(sampled_data, tmp_path / "refused", start, 10 ** 5, minutes=10.0,
+               **dict(cooldown, learning_rate_schedule=schedule))
+  # Without a time budget, --train_steps is the run's length: 8 < 40, the one best (even
+  # with subword_sampling_start=0, which in a run long enough reads the sampled from the start).
+  short = _trainer(sampled_data, tmp_path / "short", 0, 8, **cooldown)
+  read = _recording(short)
+  short.train()
+  assert int(short.sampled_from.numpy()) == NEVER and len(read) == 8
+  assert all(row in one_best for rows in read for row in rows)

@@ -121,37 +121,39 @@ def test_schedule_is_exact_at_its_boundary_and_resumes_mid_phase(scheduled_run,
   assert model > 20 and sum(n.startswith("accumulator/gradients/") for n in names) == model
 
 
-ELASTIC = "layer_prepostprocess_dropout=0.1"  # dropout on: the masks follow the stream too
+# Dropout on: the masks follow the stream too; and the sampled segmentations from update 4,
+# the moved run's second update on two replicas (the stream's micro-batch 12 in both runs).
+ELASTIC = "layer_prepostprocess_dropout=0.1,subword_sampling_start=3"
 
 
-def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tmp_path):
+def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(sampled_data, tmp_path):
   """1 replica with n=4 for 2 updates, then 2 replicas with n=2 for 2 more (stopped by a
-  signal mid-update and resumed), equals 1 replica with n=4 for 4 updates. On the way, a
-  mid-update checkpoint and other tokens per update are refused with what to do, and what
-  the first error says to do works."""
+  signal mid-update and resumed), equals 1 replica with n=4 for 4 updates, both switching to
+  the sampled segmentations at update 4. On the way, a mid-update checkpoint and other tokens
+  per update are refused with what to do, and what the first error says to do works."""
   one = _hparams_flag(f"optimizer_multistep_accumulate_steps=4,{ELASTIC}")
   two = _hparams_flag(f"optimizer_multistep_accumulate_steps=2,{ELASTIC}")
   mirrored = ["--strategy=mirrored", "--cpu_replicas=2"]
   unmoved, moved = str(tmp_path / "unmoved"), str(tmp_path / "moved")
-  _train(multi30k_data, unmoved, one, "--train_steps=4")
-  _train(multi30k_data, moved, one, "--train_steps=4",
+  _train(sampled_data, unmoved, one, "--train_steps=4")
+  _train(sampled_data, moved, one, "--train_steps=4",
          env=dict(os.environ, T2T_LITE_FAULT="signal:6"))  # stops at micro-step 6 of 8
   before = _files(moved)
-  refused = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4", check=False)
+  refused = _train(sampled_data, moved, two, *mirrored, "--train_steps=4", check=False)
   _ends_in_usage_error(refused, "was written mid-update (2 of 4 micro-steps of update 2) and "
                        "cannot resume on another layout (from 1 replica x 4 micro-steps per "
                        "update to 2 replicas x 2 micro-steps per update); resume it on its "
                        "own layout with --train_steps=2")
   assert _files(moved) == before  # hparams.json included: a refused resume writes nothing
-  _train(multi30k_data, moved, one, "--train_steps=2")  # as the error says: to the boundary
-  wrong = _train(multi30k_data, moved, one, *mirrored, "--train_steps=4", check=False)
+  _train(sampled_data, moved, one, "--train_steps=2")  # as the error says: to the boundary
+  wrong = _train(sampled_data, moved, one, *mirrored, "--train_steps=4", check=False)
   _ends_in_usage_error(wrong, "from 1 replica x 4 micro-steps per update to 2 replicas x 4 "
                        "micro-steps per update changes the tokens per update from 2048 to "
                        "4096; use optimizer_multistep_accumulate_steps=2")
   # Moved, and stopped by a SIGTERM after the first of update 3's two micro-steps: the two
   # replicas finish the update before saving (a checkpoint between updates holds no
   # replica-local sums), then resume from there.
-  stopped = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4",
+  stopped = _train(sampled_data, moved, two, *mirrored, "--train_steps=4",
                    env=dict(os.environ, T2T_LITE_FAULT="signal:5"))
   assert ("resumed on another layout: from 1 replica x 4 micro-steps per update to 2 "
           "replicas x 2 micro-steps per update (2048 tokens per update), at micro-batch 8"
@@ -159,8 +161,9 @@ def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(multi30k_data, tm
   assert "2 replicas save only between updates" in stopped.stderr, stopped.stderr[-3000:]
   assert "stopped: signal 15" in stopped.stderr
   assert os.path.basename(tf.train.latest_checkpoint(moved)) == "ckpt-12"
-  result = _train(multi30k_data, moved, two, *mirrored, "--train_steps=4")
+  result = _train(sampled_data, moved, two, *mirrored, "--train_steps=4")
   assert "update 4/4" in result.stderr and "update 3/4" not in result.stderr
+  assert "update 4: training reads the sampled segmentations from here on" in result.stderr
   assert "replicas: 2" in result.stdout and "ckpt-16" in result.stdout
   assert _worst_difference(_model_values(unmoved), _model_values(moved)) <= 1e-5
 

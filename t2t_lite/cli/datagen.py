@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from absl import flags
 
 from t2t_lite.cli import common
@@ -17,8 +16,9 @@ flags.DEFINE_bool("overwrite", False, "Replace data in --data_dir made from othe
 common.define_count("vocab_size", 0, "Vocabulary size (0: the problem's own; 8000 for "
                     "translate_folder, 32000 for translate_ende_wmt14).")
 common.define_count("subword_sampling_copies", 0, "Subword regularization: write this many "
-                    "sampled segmentations of every training pair (0: the one best; dev and "
-                    "test always get the one best). The training split grows this many times.")
+                    "sampled segmentations of every training pair (0: none), as a split of their "
+                    "own beside the one best (which dev and test always get); the trainer's "
+                    "subword_sampling_start says from which update it reads them.")
 flags.DEFINE_float("subword_sampling_alpha", 0.0, "The sampling's alpha (0 < alpha <= 1; 1: the "
                    "vocabulary's own probabilities, lower: more varied segmentations); needs "
                    "--subword_sampling_copies.", lower_bound=0.0)
@@ -27,6 +27,7 @@ FLAGS = flags.FLAGS
 
 def main() -> None:
   from t2t_lite import registry
+  from t2t_lite.problems.base import SAMPLED
   common.require(FLAGS.problem, "problem", "translate_ende_multi30k")
   problem = registry.problem(FLAGS.problem)
   common.require(FLAGS.data_dir, "data_dir", "data/multi30k_ende")
@@ -44,7 +45,7 @@ def main() -> None:
   for split, info in manifest["splits"].items():
     dropped = ", ".join(f"{n} {why}" for why, n in info["dropped"].items()) or "none"
     copies = (f", {sampling['copies']} sampled segmentations each (alpha {sampling['alpha']:g})"
-              if sampling and split == "train" else "")
+              if sampling and split == SAMPLED else "")
     print(f"{problem.name} {split}: {info['read']} pairs read, {info['kept']} kept "
           f"(dropped: {dropped}){copies} -> {len(info['files'])} file(s)")
   print(f"vocabulary: {manifest['vocab']['file']} ({manifest['vocab']['size']} pieces, "

@@ -5,7 +5,8 @@ Files in `data_dir`, all named after the problem:
   <problem>.data-<time>-<pid>/               one datagen's files:
     <problem>.vocab.model                      the sentencepiece model
     <problem>-<split>-<i>-of-<n>.tfrecord      tf.train.Example: inputs, targets; train
-                                               shuffled, dev and test in input order (+ raw)
+                                               shuffled, dev and test in input order (+ raw);
+                                               with subword sampling, train_sampled too
 
 A datagen writes its files into a folder of its own that nothing reads yet, then writes the
 manifest naming it under a temporary name and renames it into place: that one rename makes
@@ -33,7 +34,10 @@ from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
 from t2t_lite.problems import vocab as vocab_lib
 
-SPLITS = ("train", "dev", "test")
+SPLITS = ("train", "dev", "test")  # of the raw data
+# The training pairs again, each in `subword_sampling.copies` sampled segmentations (data
+# made with subword sampling; "train" holds their one best segmentation).
+SAMPLED = "train_sampled"
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
@@ -278,12 +282,17 @@ class TranslateProblem(abc.ABC):
       return None
     return {"copies": self.sampling_copies, "alpha": self.sampling_alpha}
 
+  def split_names(self) -> tuple[str, ...]:
+    """The splits datagen writes: SPLITS, and SAMPLED when it samples segmentations."""
+    return ("train",) + ((SAMPLED,) if self.sampling_copies else ()) + SPLITS[1:]
+
   def _up_to_date(self, data_dir: str, inputs: dict) -> bool:
     old = self._read_manifest(data_dir)
     if old is None:
       return False
     if (old.get("inputs") != inputs or old.get("settings") != self._settings()
-        or old.get("problem") != self.name):
+        or old.get("problem") != self.name
+        or sorted(old.get("splits") or {}) != sorted(self.split_names())):
       return False
     vocab_path = self.vocab_file(data_dir, old)
     if not os.path.isfile(vocab_path) or file_sha256(vocab_path) != old.get("vocab", {}).get(
@@ -382,14 +391,19 @@ class TranslateProblem(abc.ABC):
     vocab = vocab_lib.SubwordVocab(self.vocab_file(data_dir, manifest))
     at = lambda name: os.path.join(data_dir, folder, name)  # noqa: E731
     splits = {}
-    for split, data in raw.items():
+    for split in self.split_names():
+      data = raw["train" if split == SAMPLED else split]
       expected = data.kept
-      if split == "train":
+      if split == "train":  # the one best segmentation, with or without sampled copies
         names = self.shard_names(split, self.num_train_shards)
-        copies = self.sampling_copies or 1
         written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
-                                            self.datagen_seed, copies, self.sampling_alpha)
-        expected *= copies  # records: every pass reads the split again
+                                            self.datagen_seed)
+      elif split == SAMPLED:
+        names = self.shard_names(split, self.num_train_shards)
+        written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
+                                            self.datagen_seed, self.sampling_copies,
+                                            self.sampling_alpha)
+        expected *= self.sampling_copies  # records: every pass reads the split again
       else:
         names = self.shard_names(split, 1)
         written = shards_lib.write_in_order(vocab, data, at(names[0]))
