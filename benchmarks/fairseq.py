@@ -181,13 +181,12 @@ def run_measured(args: list[str], log_path: str, env: dict | None = None) -> tup
 
 
 def t2t_train_args(problem: str, data_dir: str, output_dir: str, updates: int, seed: int,
-                   mixed_precision: bool, sampled: bool = False) -> list[str]:
-  """Our trainer's command. Like fairseq it trains on the one best segmentation: on data
-  with `sampled` segmentations (`make train`'s) by the set's own rule, which switches only in
-  a run of at least subword_sampling_min_updates updates, set above `updates`."""
+                   mixed_precision: bool) -> list[str]:
+  """Our trainer's command. Like fairseq it trains on the one best segmentation, also on
+  data with sampled segmentations (`make train`'s): by the set's own rule, which reads them
+  only in a run of at least subword_sampling_min_updates updates, set above `updates`."""
   trainer = os.path.join(os.path.dirname(sys.executable), "t2t-lite-trainer")
-  one_best = (f"subword_sampling_min_updates={updates + 1}" if sampled else
-              "subword_sampling_start=0,subword_sampling_min_updates=0")
+  one_best = f"subword_sampling_min_updates={updates + 1}"
   return [trainer, f"--problem={problem}", f"--hparams_set={HPARAMS_SET}",
           f"--hparams=mixed_precision={str(mixed_precision).lower()},{CONSTANT_DROPOUT},"
           f"{one_best}",
@@ -252,11 +251,8 @@ def _measure(name: str, args, binarized: str, work: str, round_index: int):
                             log_path)
     return tokens_per_second(fairseq_progress(log), args.from_update), rss
   output_dir = os.path.join(work, f"{slug}_{round_index}")
-  from t2t_lite import registry
-  sampled = "train_sampled" in registry.problem(args.problem).manifest(args.data_dir)["splits"]
   log, rss = run_measured(t2t_train_args(args.problem, args.data_dir, output_dir, args.updates,
-                                         args.seed, name.endswith("default"), sampled),
-                          log_path)
+                                         args.seed, name.endswith("default")), log_path)
   return tokens_per_second(t2t_progress(log), args.from_update), rss
 
 

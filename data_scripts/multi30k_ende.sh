@@ -5,7 +5,7 @@
 # (EVAL_FLAGS=--local_eval_frequency=0 trains without evaluating); DECODE_ALPHA: the length
 # penalty of the final decodes; VOCAB_SIZE, SUBWORD_SAMPLING_COPIES, SUBWORD_SAMPLING_ALPHA: the
 # vocabulary and the training split's sampled segmentations (multi30k_data.sh; with
-# SUBWORD_SAMPLING_COPIES=0 the run is told to train on the one best throughout).
+# SUBWORD_SAMPLING_COPIES=0 there are none, and the run trains on the one best throughout).
 set -euo pipefail
 data_dir=${1:-data/multi30k_ende}
 run_dir=${2:-runs/multi30k_ende}
@@ -22,15 +22,11 @@ bash "$(dirname "$0")/multi30k_data.sh" "$data_dir"
 
 echo "== 3/6 train: transformer_multi30k_cpu for $minutes minutes -> $run_dir"
 log=$(mktemp)
-one_best=()
-if [ "${SUBWORD_SAMPLING_COPIES:-16}" = 0 ]; then  # data without sampled segmentations
-  one_best=(--hparams=subword_sampling_start=0,subword_sampling_min_updates=0)
-fi
 t2t-lite-trainer --problem=translate_ende_multi30k --hparams_set=transformer_multi30k_cpu \
   --data_dir="$data_dir" --output_dir="$run_dir" --train_minutes="$minutes" \
   --train_steps=100000 --save_checkpoints_steps=30 --keep_checkpoint_max=6 --log_every=25 \
   ${EVAL_FLAGS:---local_eval_frequency=200 --eval_steps=0 --eval_bleu_sentences=200} \
-  "${one_best[@]}" ${TRAIN_FLAGS:-} 2> >(tee "$log" >&2)
+  ${TRAIN_FLAGS:-} 2> >(tee "$log" >&2)
 cat "$log" >> "$run_dir/train.log" && rm -f "$log"
 
 echo "== 4/6 average the last 6 checkpoints -> ${run_dir}_avg"

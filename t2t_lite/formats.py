@@ -15,7 +15,8 @@ format only.
   files in the data directory itself (`dir` is ""); data made before subword sampling has
   one segmentation (`subword_sampling` None); sampled data made before the one best was kept
   beside the sampled copies has its sampled "train" read as "train_sampled" (and no "train":
-  datagen makes it again, the sampled records the same).
+  datagen replaces it only with --overwrite, and a run that wants the one best first is
+  refused).
 - Averaged checkpoints made before averages recorded their update are refused (average
   again).
 - The best model's record: `best/bleu.json` (before early stopping) reads as `best.json`

@@ -114,7 +114,7 @@ class Trainer:
     self.vocab = problem.get_vocab(options.data_dir)
     self._recorded = rundir.read_meta(options.output_dir)  # the run's record, if it has one
     self.faults = faults_lib.from_environment()
-    splits = self._training_splits()  # (refusals before the model is built)
+    splits = self._splits = self._training_splits()  # (refusals before the model is built)
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
                            self.strategy, self.faults, options.xla_compile)
     self.dev_files = problem.data_files(options.data_dir, "dev")
@@ -168,13 +168,7 @@ class Trainer:
     start = self.plan.sampling_start
     minimum = self.hparams.subword_sampling_min_updates
     if SAMPLED not in manifest["splits"]:
-      if start or minimum:
-        raise UsageError(
-            f"subword_sampling_start={start} and subword_sampling_min_updates={minimum} say "
-            f"when to read sampled segmentations, but {self.options.data_dir} has none; make "
-            "the data with t2t-lite-datagen --subword_sampling_copies=16 "
-            "--subword_sampling_alpha=0.3, or set both to 0 to train on the one best")
-      return ["train"]
+      return ["train"]  # nothing to switch to: the one best throughout (logged)
     if minimum and not start and self.options.stopping.train_minutes:
       raise UsageError(
           f"subword_sampling_min_updates={minimum} with a time budget is judged by the "
@@ -191,8 +185,9 @@ class Trainer:
       raise UsageError(
           f"{self.options.data_dir} holds only sampled segmentations (made by an earlier "
           f"t2t-lite-datagen), and subword_sampling_start={start} with "
-          f"subword_sampling_min_updates={minimum} may want the one best; run "
-          "t2t-lite-datagen on it again (the sampled records stay the same)")
+          f"subword_sampling_min_updates={minimum} may want the one best; make it again "
+          "with t2t-lite-datagen --overwrite (the same sampled records, the one best beside "
+          "them), or set both to 0 to read its sampled records from the start")
     return ["train", SAMPLED] if start or minimum else [SAMPLED]
 
   def _make_iterators(self, splits: list[str]) -> dict:
@@ -234,10 +229,15 @@ class Trainer:
     """The micro-batch the sampled segmentations are read from: recorded in the checkpoint,
     or decided now (no minimum length, or the run's length is --train_steps), or left to
     the time budget's projection (see _judge_sampling)."""
+    minimum, start = self.hparams.subword_sampling_min_updates, self.plan.sampling_start
     if SAMPLED_STREAM not in self.iterators:
+      if self._splits == [SAMPLED]:
+        logging.info("subword sampling: the sampled segmentations from the start")
+      elif start or minimum:
+        logging.info("subword sampling: the one best segmentation throughout (%s has no "
+                     "sampled segmentations)", self.options.data_dir)
       return
     self._sampled_from = int(self.sampled_from.numpy())
-    minimum, start = self.hparams.subword_sampling_min_updates, self.plan.sampling_start
     if self._sampled_from != UNDECIDED:
       logging.info("subword sampling: %s (recorded in the run)", self._sampling_said())
     elif not minimum:
@@ -268,8 +268,12 @@ class Trainer:
     start = self.plan.sampling_start
     chosen = NEVER
     if switch:
-      chosen = self.plan.replicas * (self.plan.accumulation.micro_steps(start)
-                                     if update <= start else self.learner.host_micro_step())
+      # From where the stream is now: the micro-steps of the updates still to come before
+      # start (the counter's past may have run on another layout, or skipped updates).
+      ahead = (self.plan.accumulation.micro_steps(start)
+               - self.plan.accumulation.micro_steps(update)) if update < start else 0
+      done = self.learner.host_micro_step() - self.learner.position()  # at the update's start
+      chosen = self.plan.replicas * (done + ahead)
     self.sampled_from.assign(chosen)
     self._sampled_from = chosen
     minimum = self.hparams.subword_sampling_min_updates

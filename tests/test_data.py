@@ -693,12 +693,12 @@ def test_subword_sampling_flags_are_checked_and_a_change_is_refused_unasked(tmp_
   assert _digests(out) == before
 
 
-def test_sampled_data_of_the_earlier_form_is_made_again_with_the_same_sampled_records(
+def test_sampled_data_of_the_earlier_form_is_kept_unless_overwritten_then_made_again_the_same(
     sampled_data, tmp_path):
   """Sampled data made before the one best was kept beside the sampled copies (its "train"
-  split held the copies) is not up to date: datagen with the same settings makes it again,
-  unasked (no other inputs or settings), with the one best as "train" and the very same
-  sampled records as "train_sampled", so runs trained on it continue on the same stream."""
+  split held the copies) is not up to date, but runs may be reading it: datagen with the same
+  settings refuses to replace it (exit 2, data left whole); with --overwrite it makes it
+  again, with the one best as "train" and the very same sampled records as "train_sampled"."""
   from conftest import SAMPLED_DATAGEN
   data_dir = tmp_path / "data"
   shutil.copytree(sampled_data, data_dir)
@@ -710,8 +710,13 @@ def test_sampled_data_of_the_earlier_form_is_made_again_with_the_same_sampled_re
   manifest["splits"]["train"] = manifest["splits"].pop("train_sampled")
   path.write_text(json.dumps(manifest))
   assert sorted(problem.manifest(str(data_dir))["splits"]) == ["dev", "test", "train_sampled"]
-  again = cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}",
-              f"--tmp_dir={data_dir / 'raw'}")
+  before = _digests(data_dir)
+  datagen = ("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}",
+             f"--tmp_dir={data_dir / 'raw'}")
+  _assert_usage_error(cli(*datagen), "made from other inputs or settings (the sampled copies "
+                      "without the one best (an earlier datagen) -> both)", "--overwrite")
+  assert _digests(data_dir) == before
+  again = cli(*datagen, "--overwrite")
   assert again.returncode == 0 and "nothing to do" not in again.stdout, again.stderr[-2000:]
   assert sorted(problem.manifest(str(data_dir))["splits"]) == [
       "dev", "test", "train", "train_sampled"]

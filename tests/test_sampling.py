@@ -167,21 +167,23 @@ def test_training_reads_the_one_best_up_to_subword_sampling_start_then_the_sampl
 
 
 def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
-    multi30k_data, sampled_data, tmp_path):
-  """subword_sampling_start > 0 on data without sampled segmentations, or on sampled data
-  made before the one best was kept beside them, is a usage error saying what to do (before
-  the model is built); subword_sampling_start=0 trains on the sampled records of the
-  latter."""
+    multi30k_data, sampled_data, tmp_path, monkeypatch):
+  """On data without sampled segmentations the rule has nothing to switch to: the run reads
+  the one best throughout and says so. On sampled data made before the one best was kept
+  beside them, a switch is a usage error saying what to do (before the model is built);
+  subword_sampling_start=0 trains on its sampled records."""
+  from absl import logging
+  from t2t_lite.errors import UsageError
+  plain = _trainer(multi30k_data, tmp_path / "plain", start=1000)
+  assert list(plain.iterators) == ["iterator_0"]
+  said = []
+  monkeypatch.setattr(logging, "info", lambda message, *args: said.append(message % args))
+  plain._start_sampling(0)  # noqa: SLF001 (what the loop logs at its start)
+  assert said == [f"subword sampling: the one best segmentation throughout ({multi30k_data} "
+                  "has no sampled segmentations)"]
+  monkeypatch.undo()
   import json
   import shutil
-  from t2t_lite.errors import UsageError
-  with pytest.raises(UsageError) as refused:
-    _trainer(multi30k_data, tmp_path / "run", start=1000)
-  assert str(refused.value) == (
-      "subword_sampling_start=1000 and subword_sampling_min_updates=0 say when to read "
-      f"sampled segmentations, but {multi30k_data} has none; make the data with "
-      "t2t-lite-datagen --subword_sampling_copies=16 --subword_sampling_alpha=0.3, or set "
-      "both to 0 to train on the one best")
   # The form of sampled data before: its "train" split holds the sampled copies.
   older = tmp_path / "older"
   shutil.copytree(sampled_data, older, ignore=shutil.ignore_patterns("raw"))
@@ -191,8 +193,8 @@ def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
   path.write_text(json.dumps(manifest))
   with pytest.raises(UsageError, match=r"holds only sampled segmentations \(made by an earlier "
                      r"t2t-lite-datagen\), and subword_sampling_start=3 with "
-                     r"subword_sampling_min_updates=0 may want the one best; run "
-                     r"t2t-lite-datagen on it again"):
+                     r"subword_sampling_min_updates=0 may want the one best; make it again "
+                     r"with t2t-lite-datagen --overwrite"):
     _trainer(str(older), tmp_path / "run", start=3)
   trainer = _trainer(str(older), tmp_path / "run", start=0)
   rows = _rows(trainer.next_batch())

@@ -151,7 +151,11 @@ def _resolve():
     common.require(data_dir, "data_dir", "data/multi30k_ende")
   seed = _from_run(previous, "random_seed", "random_seed")
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
-    for split in ("train", "dev"):  # present and as datagen wrote them
+    # Present and as datagen wrote them ("train_sampled" alone: sampled data of an earlier
+    # datagen, which the trainer reads or refuses, see train.Trainer._training_splits).
+    splits = problem.manifest(data_dir)["splits"]
+    for split in ("train" if "train" in splits or "train_sampled" not in splits
+                  else "train_sampled", "dev"):
       problem.data_files(data_dir, split)
     rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
     rundir.check_training_data(previous, problem, data_dir, FLAGS.output_dir)

@@ -321,6 +321,8 @@ class TranslateProblem(abc.ABC):
     new_settings = dict(self._settings(), version=None)
     differ += sorted(f"{k} {old_settings.get(k)!r} -> {v!r}" for k, v in new_settings.items()
                      if old_settings.get(k) != v)
+    if SAMPLED in old.get("splits", {}) and "train" not in old["splits"]:
+      differ.append("the sampled copies without the one best (an earlier datagen) -> both")
     if differ:
       raise UsageError(
           f"--data_dir={data_dir} holds {self.name} data made from other inputs or settings "
