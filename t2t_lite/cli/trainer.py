@@ -151,12 +151,11 @@ def _resolve():
     common.require(data_dir, "data_dir", "data/multi30k_ende")
   seed = _from_run(previous, "random_seed", "random_seed")
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
-    # Present and as datagen wrote them ("train_sampled" alone: sampled data of an earlier
-    # datagen, which the trainer reads or refuses, see train.Trainer._training_splits).
-    splits = problem.manifest(data_dir)["splits"]
-    for split in ("train" if "train" in splits or "train_sampled" not in splits
-                  else "train_sampled", "dev"):
-      problem.data_files(data_dir, split)
+    # Every split but test present and as datagen wrote them (which training splits a run
+    # reads, or refuses, is train.Trainer._training_splits's to say).
+    for split in problem.manifest(data_dir)["splits"]:
+      if split != "test":
+        problem.data_files(data_dir, split)
     rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
     rundir.check_training_data(previous, problem, data_dir, FLAGS.output_dir)
     if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem

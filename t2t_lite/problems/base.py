@@ -274,13 +274,8 @@ class TranslateProblem(abc.ABC):
     return {"vocab_size": self.vocab_size, "num_train_shards": self.num_train_shards,
             "source_lang": self.source_lang, "target_lang": self.target_lang,
             "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION,
-            "subword_sampling": self.sampling_record()}
-
-  def sampling_record(self) -> dict | None:
-    """The subword sampling of the training split, as manifests record it (None: none)."""
-    if not self.sampling_copies:
-      return None
-    return {"copies": self.sampling_copies, "alpha": self.sampling_alpha}
+            "subword_sampling": ({"copies": self.sampling_copies, "alpha": self.sampling_alpha}
+                                 if self.sampling_copies else None)}
 
   def split_names(self) -> tuple[str, ...]:
     """The splits datagen writes: SPLITS, and SAMPLED when it samples segmentations."""
@@ -396,16 +391,13 @@ class TranslateProblem(abc.ABC):
     for split in self.split_names():
       data = raw["train" if split == SAMPLED else split]
       expected = data.kept
-      if split == "train":  # the one best segmentation, with or without sampled copies
+      if split in ("train", SAMPLED):  # the one best, or the sampled copies
         names = self.shard_names(split, self.num_train_shards)
+        copies, alpha = ((self.sampling_copies, self.sampling_alpha) if split == SAMPLED
+                         else (1, 0.0))
         written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
-                                            self.datagen_seed)
-      elif split == SAMPLED:
-        names = self.shard_names(split, self.num_train_shards)
-        written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
-                                            self.datagen_seed, self.sampling_copies,
-                                            self.sampling_alpha)
-        expected *= self.sampling_copies  # records: every pass reads the split again
+                                            self.datagen_seed, copies, alpha)
+        expected *= copies  # records: every pass reads the split again
       else:
         names = self.shard_names(split, 1)
         written = shards_lib.write_in_order(vocab, data, at(names[0]))
