@@ -34,7 +34,6 @@ def basic_params() -> HParams:
       max_length=256,
       min_length_bucket=8,
       length_bucket_step=1.1,
-      shuffle_buffer_size=20000,
       # Optimizer and schedule (counted in updates).
       optimizer="adam",
       optimizer_adam_beta1=0.9,

@@ -2,16 +2,20 @@
 
 Checkpoints are named `ckpt-<N>`, N the micro-batches trained on (of all replicas). A damaged
 one (a file cut short, say) is reported and the previous one used. Under
-MultiWorkerMirroredStrategy every worker keeps its own checkpoints; after restoring, the
-workers compare their checkpoints in one collective and, if they differ (one worker's newest
-checkpoint was lost), all fall back to the newest checkpoint every worker has, or all stop
-with one error naming the directories.
+MultiWorkerMirroredStrategy every worker restores the chief's checkpoints (one run directory
+on a shared filesystem) and takes part in every save, which only the chief keeps: the others
+write theirs to a local scratch folder and remove it at once. After restoring, the workers
+compare the checkpoint each restored in one collective and, if they differ (a filesystem
+that showed one worker an older state), all fall back to the newest one every worker read.
+Folders `workers/<task>` of runs from before are left alone.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 
 import tensorflow as tf
 from absl import logging
@@ -34,7 +38,7 @@ class Checkpoints:
   def __init__(self, objects: dict, directory: str, options: Checkpointing,
                strategy: tf.distribute.Strategy, faults: NoFaults | None = None,
                before_restore=None, optional: tuple[str, ...] = (),
-               shape_differences: tuple[str, ...] = ()):
+               shape_differences: tuple[str, ...] = (), is_chief: bool = True):
     """`objects`: what a checkpoint holds, by name; those named in `optional` may be missing
     from a checkpoint (they keep their initial values), the others must all match.
     `shape_differences`: the settings in which this model differs from the one the run
@@ -53,6 +57,7 @@ class Checkpoints:
         checkpoint, directory, max_to_keep=options.keep_max or None,
         keep_checkpoint_every_n_hours=options.keep_every_n_hours or None)
     self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    self.is_chief = is_chief
     self.last_saved = self._last_path = None
 
   @property
@@ -172,10 +177,9 @@ class Checkpoints:
           f"{first}); see its log")
     if min(numbers) != max(numbers):
       return number, path, UsageError(
-          f"the workers' checkpoints have none in common (newest by worker: {first}; "
-          f"this worker's directory: {self.directory}; the chief's is --output_dir, the "
-          "others' output_dir/workers/<task>); restore the missing checkpoints or move them "
-          "all away to start afresh")
+          f"the workers read no checkpoint in common in {self.directory} (newest by worker: "
+          f"{first}); make sure every worker sees the same --output_dir, or move its "
+          "checkpoints away to start afresh")
     if first != numbers:
       logging.warning("workers' newest checkpoints disagreed (ckpt-N by worker: %s); all "
                       "resume from ckpt-%d, the newest every worker has", first,
@@ -186,6 +190,16 @@ class Checkpoints:
     """Saves ckpt-`number` unless that one is already saved."""
     if number == self.last_saved:
       return self._last_path
+    if not self.is_chief:  # its part of the collective save, written and thrown away
+      scratch = tempfile.mkdtemp(prefix="t2t-lite-worker-save-")
+      self.checkpoint.save_counter.assign_add(1)  # as the chief's manager does
+      try:
+        self.checkpoint.write(os.path.join(scratch, f"ckpt-{number}"))
+      finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+      path = os.path.join(self.directory, f"ckpt-{number}")
+      self.last_saved, self._last_path = number, path
+      return path
     path = self.faults.save(self.manager, self.checkpoint, number)
     self.last_saved, self._last_path = number, path
     return path

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import sys
+import time
 
 import tensorflow as tf
 from absl import logging
@@ -227,3 +230,77 @@ def shared_failures():
       raise
     message = report_failure(_joined_as, err)
     raise (UsageError if isinstance(err, UsageError) else RunError)(message) from err
+
+
+# --- what the workers share before they train ----------------------------------------------
+def from_chief(strategy: tf.distribute.Strategy, values: list[float]) -> list[float]:
+  """The chief's `values` (float64, so integers below 2**53 are exact), on every worker: one
+  collective, in which the other workers wait while the chief works alone (an evaluation,
+  say)."""
+  zeros = [0.0] * len(values)
+  per_replica = strategy.experimental_distribute_values_from_function(
+      lambda context: tf.constant(values if context.replica_id_in_sync_group == 0 else zeros,
+                                  tf.float64))  # replica 0 is the chief's first device
+  total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+  return [float(v) for v in total.numpy()]
+
+
+def on_any_worker(strategy: tf.distribute.Strategy, flags: list[bool]) -> list[bool]:
+  """For each of `flags`, whether any worker raised it (one collective)."""
+  per_replica = strategy.experimental_distribute_values_from_function(
+      lambda context: tf.constant([float(flag) for flag in flags], tf.float64))
+  total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+  return [bool(v > 0) for v in total.numpy()]
+
+
+def digest(text: str) -> float:
+  """48 bits of text's sha256, as a float64 (exact)."""
+  return float(int(hashlib.sha256(text.encode()).hexdigest()[:12], 16))
+
+
+def check_shared_directory(strategy: tf.distribute.Strategy, is_chief: bool, task: str,
+                           directory: str, wait_seconds: float = 10.0) -> None:
+  """Refuses the run on every worker when a worker cannot see the files the chief writes in
+  `directory` (its checkpoints, which every worker resumes from): the chief writes a marker
+  named by a number it sends to all, which the others look for (a shared filesystem may show
+  a new file a few seconds late)."""
+  nonce = secrets.randbits(48) if is_chief else 0
+  marker = os.path.join(directory, f".t2t-lite-cluster-{nonce:012x}")
+  if is_chief:
+    with open(marker, "w") as f:
+      f.write(f"{task}\n")
+  try:
+    nonce = int(from_chief(strategy, [float(nonce)])[0])
+    marker = os.path.join(directory, f".t2t-lite-cluster-{nonce:012x}")
+    deadline = time.time() + wait_seconds
+    while not os.path.exists(marker) and time.time() < deadline:
+      time.sleep(0.5)
+    missing = not os.path.exists(marker)
+    if on_any_worker(strategy, [missing])[0]:
+      who = "this worker" if missing else "another worker"
+      raise UsageError(f"{task}: {who} cannot see the files the chief writes in --output_dir="
+                       f"{directory}; every worker resumes from the chief's checkpoints, so "
+                       "--output_dir must be on a filesystem all workers share")
+  finally:
+    if is_chief and os.path.exists(marker):
+      os.remove(marker)
+
+
+def agree(strategy: tf.distribute.Strategy, task: str, settings: dict[str, str]) -> None:
+  """Refuses the run on every worker, naming what differs, unless all workers have the same
+  `settings` (name -> value: flags, hparams, the data's and the program's identity): the
+  number of settings and their names first, then a digest of each value."""
+  names = sorted(settings)
+  shape = [float(len(names)), digest("\n".join(names))]
+  if on_any_worker(strategy, [mine != chiefs for mine, chiefs in
+                              zip(shape, from_chief(strategy, shape))])[0]:
+    raise UsageError(f"{task}: the workers run different versions of t2t-lite (their settings "
+                     "differ in kind); install the same version on every worker")
+  values = [digest(str(settings[name])) for name in names]
+  chiefs = from_chief(strategy, values)
+  differs = on_any_worker(strategy, [mine != chief for mine, chief in zip(values, chiefs)])
+  named = [name for name, flag in zip(names, differs) if flag]
+  if named:
+    mine = "; ".join(f"{name}={settings[name]}" for name in named[:4])
+    raise UsageError(f"{task}: the workers differ in {', '.join(named)} (this worker: {mine}); "
+                     "start every worker with the same flags, hparams, data and program")

@@ -3,14 +3,16 @@ here, as it is read, or refused with what to do; the rest of the code sees the c
 format only.
 
 - Run records (`hparams.json`): runs from before the data record and the seed have `data`
-  and `random_seed` set to None (nothing to compare; the --random_seed flag applies); runs
+  and `random_seed` set to None (nothing to compare; the --random_seed flag applies); the
+  hparams no version reads any more (hparams.RETIRED) are dropped; runs
   from before `subword_sampling_start` and `subword_sampling_min_updates` have them 0 (they
   read their training split, sampled or not, from the start).
 - Checkpoints of a training run: from before the update in progress was recorded
   (`in_update`), it is derived from the micro-step counter (n was constant then); from
   before layouts were recorded (`layout`), the layout is one replica with the recorded
-  accumulate steps; from before the shared data stream (one iterator per replica), only a
-  one-replica resume is possible.
+  accumulate steps; from before the planned stream (a tf.data iterator, one per replica
+  before that) only with --allow_stream_change, at its update on the planned stream; from
+  before the run's training time was recorded, that time starts at 0.
 - Datagen manifests: data made before each datagen wrote into a folder of its own has its
   files in the data directory itself (`dir` is ""); data made before subword sampling has
   one segmentation (`subword_sampling` None); sampled data made before the one best was kept
@@ -27,7 +29,10 @@ from __future__ import annotations
 
 import os
 
+from absl import logging
+
 from t2t_lite.errors import UsageError
+from t2t_lite.hparams import RETIRED
 
 # Checkpoint objects that later versions added (see checkpoint_lacks).
 ADDED_TO_CHECKPOINTS = ("in_update", "layout")
@@ -43,7 +48,8 @@ def run_record(meta: dict | None) -> dict | None:
   if isinstance(meta.get("hparams"), dict):
     # Runs from before the switch read one stream from the start: sampled, if it was.
     meta["hparams"] = {"subword_sampling_start": 0, "subword_sampling_min_updates": 0,
-                       **meta["hparams"]}
+                       **{name: value for name, value in meta["hparams"].items()
+                          if name not in RETIRED}}
   return meta
 
 
@@ -63,14 +69,20 @@ def data_manifest(manifest: dict) -> dict:
   return manifest
 
 
-def checkpoint_lacks(path: str, names: set[str], replicas: int) -> set[str]:
+def checkpoint_lacks(path: str, names: set[str], allow_stream_change: bool = False) -> set[str]:
   """What of ADDED_TO_CHECKPOINTS the checkpoint at `path` (its top-level `names`) lacks;
-  a UsageError if it cannot continue on `replicas` replicas at all."""
-  if "layout" not in names and ("iterator_1" in names or replicas > 1):
+  a UsageError for a data position that the planned stream cannot continue exactly (a
+  tf.data iterator, or one per replica), unless `allow_stream_change`."""
+  iterators = sorted(name for name in names if name.startswith("iterator_"))
+  if iterators and not allow_stream_change:
     raise UsageError(
-        f"checkpoint {path} was written by a t2t-lite whose replicas each read their own "
-        "data shard, which this version cannot continue on more than one replica; resume "
-        "it on one replica, or finish it with the version that wrote it")
+        f"checkpoint {path} holds its data position as a tf.data iterator (written by an "
+        "earlier t2t-lite), which the planned training stream cannot continue exactly; "
+        "pass --allow_stream_change to resume it at its update on the planned stream (other "
+        "batches than it would have read), or finish the run with the version that wrote it")
+  if iterators:
+    logging.warning("checkpoint %s held a tf.data iterator: resumed on the planned stream at "
+                    "its micro-batch (--allow_stream_change)", path)
   return {name for name in ADDED_TO_CHECKPOINTS if name not in names}
 
 

@@ -12,6 +12,13 @@ from typing import Any
 
 from t2t_lite.errors import UsageError
 
+# Hparams that earlier versions read, and why none does now (run records that hold them are
+# read without them: formats.run_record).
+RETIRED = {
+    "shuffle_buffer_size": "training batches are planned from a global shuffle of every "
+                           "epoch (t2t_lite.stream), which needs no buffer",
+}
+
 _TYPES = (bool, int, float, str)
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -98,6 +105,8 @@ class HParams:
     self.set_hparam(name, value)
 
   def _check_known(self, name: str) -> None:
+    if name in RETIRED and name not in self._types:
+      raise HParamsError(f"hparam '{name}' is no longer read: {RETIRED[name]}; drop it")
     if name not in self._types:
       hint = closest(name, self._types)
       suggestion = f"; did you mean {' or '.join(hint)}?" if hint else ""

@@ -93,7 +93,7 @@ def check(hparams) -> None:
   norm_placement(hparams)
   check_schedule(hparams)
   _at_least(hparams, 1, "hidden_size", "filter_size", "num_heads", "num_encoder_layers",
-            "num_decoder_layers", "max_length", "min_length_bucket", "shuffle_buffer_size",
+            "num_decoder_layers", "max_length", "min_length_bucket",
             "optimizer_multistep_accumulate_steps", "max_consecutive_nonfinite")
   _at_least(hparams, 0, "effective_batch_tokens", "learning_rate_warmup_steps",
             "clip_grad_norm", "learning_rate_constant", "subword_sampling_start",

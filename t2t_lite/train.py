@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import tensorflow as tf
 from absl import logging
 
-from t2t_lite import budget
-from t2t_lite import data as data_lib
+from t2t_lite import budget, distribute
 from t2t_lite import faults as faults_lib
 from t2t_lite import formats, hparams_check, rundir
+from t2t_lite import stream as stream_lib
 from t2t_lite.checkpoints import Checkpoints, checkpoint_number, warm_start, warm_start_source
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.evaluation import Evaluator
@@ -43,11 +43,12 @@ from t2t_lite.learner import NO_FLAGS, Learner
 from t2t_lite.problems.base import SAMPLED
 from t2t_lite.steps import BatchPlan
 
-# The checkpoint's names of the sampled segmentations' iterator and of the micro-batch of
-# the training stream from which it is read (see Trainer._make_iterators); that is UNDECIDED
-# until the run's length is judged (hparams.subword_sampling_min_updates), NEVER if too short.
-SAMPLED_STREAM = "iterator_sampled"
+# The checkpoint's name of the micro-batch of the training stream from which the sampled
+# segmentations are read (see stream.TrainingStream); that is UNDECIDED until the run's
+# length is judged (hparams.subword_sampling_min_updates), NEVER if too short.
 SAMPLED_FROM = "sampled_from_batch"
+# The run's training time in seconds over all its processes, which --train_minutes budgets.
+TRAIN_SECONDS = "train_seconds"
 UNDECIDED, NEVER = -1, -2
 
 
@@ -63,6 +64,8 @@ class RunOptions:
   warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
   warm_start_optimizer: bool = False    # ... and its Adam slots
   allow_hparams_change: bool = False    # resume on a layout with other tokens per update
+  allow_stream_change: bool = False     # resume a checkpoint of an older data position on
+                                        # the planned stream
   xla_compile: bool = False             # XLA for the forward and backward pass; batches
                                         # padded to their bucket's boundary (a shape each)
 
@@ -118,30 +121,34 @@ class Trainer:
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
                            self.strategy, self.faults, options.xla_compile)
     self.dev_files = problem.data_files(options.data_dir, "dev")
-    self.iterators = self._make_iterators(splits)
+    self.stream = self._make_stream(splits)
     self._sampled_from = UNDECIDED  # the host's mirror of sampled_from (see _start_sampling)
     with self.strategy.scope():
       self.sampled_from = tf.Variable(UNDECIDED, name=SAMPLED_FROM, dtype=tf.int64,
                                       trainable=False,
                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    streams = dict(self.iterators)
-    if SAMPLED_STREAM in streams:
+      self.train_seconds = tf.Variable(0.0, name=TRAIN_SECONDS, dtype=tf.float64,
+                                       trainable=False,
+                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    streams = {TRAIN_SECONDS: self.train_seconds}
+    if len(splits) == 2:
       streams[SAMPLED_FROM] = self.sampled_from
-    # Every worker takes part in a save (reading the accumulators is a collective). The
-    # chief writes output_dir; the others keep their own (their data iterators differ) in
-    # output_dir/workers/<task>, and each resumes from its own directory.
-    directory = (options.output_dir if is_chief
-                 else os.path.join(options.output_dir, "workers", worker_name))
-    # The accumulators exist only for n > 1; what later versions added may be missing from
-    # an older checkpoint, and formats.upgrade_restored fills it in.
+    # Every worker resumes from the chief's checkpoints in output_dir (a shared filesystem;
+    # the data position is the micro-step counter, the same on all) and takes part in every
+    # save (reading the accumulators is a collective), which only the chief keeps. The
+    # accumulators exist only for n > 1; what later versions added may be missing from an
+    # older checkpoint, and formats.upgrade_restored fills it in.
     self.checkpoints = Checkpoints(
-        {**streams, **self.learner.trackables()}, directory, options.checkpointing,
-        self.strategy, self.faults, before_restore=self._check_stream,
-        optional=("accumulator", "cooldown_end", SAMPLED_STREAM, SAMPLED_FROM,
+        {**streams, **self.learner.trackables()}, options.output_dir, options.checkpointing,
+        self.strategy, self.faults, is_chief=is_chief, before_restore=self._check_stream,
+        optional=("accumulator", "cooldown_end", SAMPLED_FROM, TRAIN_SECONDS,
                   *formats.ADDED_TO_CHECKPOINTS),
         shape_differences=tuple(rundir.shape_differences(
             self._recorded, hparams, self.vocab.size)))
     self._multi_worker = self.checkpoints.multi_worker
+    if self._multi_worker:
+      distribute.check_shared_directory(self.strategy, is_chief, worker_name,
+                                        options.output_dir)
     self._stop_signal = None
     self._restored = False
     self.warm_started_from = None  # the checkpoint a new run started from
@@ -159,6 +166,7 @@ class Trainer:
     self.schedule = Schedule(plan.train_steps, options.stopping, options.checkpointing,
                              options.evaluation, options.log_every)
     self._pace = None  # since the first budget check (see _plan_cooldown)
+    self._clock = None  # while the loop runs
 
   def _training_splits(self) -> list[str]:
     """The training splits read in turn: "train", or on data with sampled segmentations
@@ -190,39 +198,21 @@ class Trainer:
           "them), or set both to 0 to read its sampled records from the start")
     return ["train", SAMPLED] if start or minimum else [SAMPLED]
 
-  def _make_iterators(self, splits: list[str]) -> dict:
-    """The training stream, whatever the layout: each micro-step takes the next `replicas`
-    micro-batches of it, batch r for replica r. Every process reads the whole stream and
-    keeps its own replicas' batches, so 2 replicas in one process, 2 worker processes and 1
-    replica with twice the micro-steps train on the same batches. With two `splits` (the
-    one best, then the sampled segmentations), the stream is the first's batches up to
-    micro-batch `sampled_from` (see _start_sampling) and the second's from there; each has
-    an iterator in the checkpoint, and the micro-step counter says which one is read. The
-    switch is a position in the stream, counted in micro-batches as the counter is (and a
-    skipped update has read its batches too), so a resumed run, on any layout, switches
-    where a run never stopped does.
+  def _make_stream(self, splits: list[str]) -> stream_lib.TrainingStream:
+    """The training stream, whatever the layout (see stream.TrainingStream): this process
+    reads only its own replicas' batches, so 2 replicas in one process, 2 worker processes
+    and 1 replica with twice the micro-steps train on the same batches. With two `splits`
+    (the one best, then the sampled segmentations), the switch is a position in the stream,
+    counted in micro-batches as the micro-step counter is (a skipped update has read its
+    batches too), so a resumed run, on any layout, switches where a run never stopped does.
     """
     ids = self.strategy.experimental_distribute_values_from_function(
         lambda context: context.replica_id_in_sync_group)
     self.replica_ids = [int(i) for i in self.strategy.experimental_local_results(ids)]
-    # "iterator_0" and shard (0, 1): the name and pipeline of the one-replica runs before
-    # the stream was shared, whose checkpoints therefore still resume exactly.
-    streams = {}
-    for name, split in zip(("iterator_0", SAMPLED_STREAM), splits):
-      streams[name] = iter(data_lib.train_dataset(
-          self.problem.data_files(self.options.data_dir, split), self.hparams,
-          self.options.seed, shard=(0, 1), pad_to_bucket_boundary=self.options.xla_compile))
-    return streams
-
-  def _stream(self):
-    """The iterator the next micro-step reads (see _make_iterators)."""
-    batch = self.learner.host_micro_step() * self.plan.replicas
-    if self._sampled_from < 0 or batch < self._sampled_from:
-      return self.iterators["iterator_0"]
-    if batch == self._sampled_from:  # (one device read, once)
-      logging.info("update %d: training reads the sampled segmentations from here on",
-                   int(self.learner.update_step.numpy()) + 1)
-    return self.iterators[SAMPLED_STREAM]
+    stores = [self.problem.training_store(self.options.data_dir, split) for split in splits]
+    return stream_lib.TrainingStream(
+        stores, stream_lib.Batching.of(self.hparams, self.options.xla_compile),
+        self.options.seed, self.plan.replicas, self.replica_ids)
 
   # --- when the sampled segmentations are read (see steps.BatchPlan) --------------------
   def _start_sampling(self, update: int) -> None:
@@ -230,7 +220,7 @@ class Trainer:
     or decided now (no minimum length, or the run's length is --train_steps), or left to
     the time budget's projection (see _judge_sampling)."""
     minimum, start = self.hparams.subword_sampling_min_updates, self.plan.sampling_start
-    if SAMPLED_STREAM not in self.iterators:
+    if len(self._splits) < 2:
       if self._splits == [SAMPLED]:
         logging.info("subword sampling: the sampled segmentations from the start")
       elif start or minimum:
@@ -257,7 +247,7 @@ class Trainer:
     """At a check of the time budget, which projects the run's `length` (`final`: fixed):
     decides the segmentations at the last check before subword_sampling_start is passed,
     or at the first one after it that has a projection."""
-    if SAMPLED_STREAM not in self.iterators or self._sampled_from != UNDECIDED or not length:
+    if len(self._splits) < 2 or self._sampled_from != UNDECIDED or not length:
       return
     if final or update + self.schedule.cooldown_every > self.plan.sampling_start:
       self._decide_sampling(length >= self.hparams.subword_sampling_min_updates, update,
@@ -290,18 +280,23 @@ class Trainer:
 
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
-    stream = self._stream()
-    taken = [next(stream) for _ in range(self.strategy.num_replicas_in_sync)]
-    batches = {r: taken[r] for r in self.replica_ids}
+    micro_step = self.learner.host_micro_step()
+    if (self._sampled_from >= 0 and len(self._splits) == 2
+        and micro_step * self.plan.replicas == self._sampled_from):
+      logging.info("update %d: training reads the sampled segmentations from here on",
+                   int(self.learner.update_step.numpy()) + 1)  # (one device read, once)
+    taken = self.stream.micro_batches(micro_step, self._sampled_from)
+    batches = dict(zip(self.replica_ids, taken))
     if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
-      return batches[self.replica_ids[0]]
+      return {name: tf.constant(value) for name, value in taken[0].items()}
     return self.strategy.experimental_distribute_values_from_function(
-        lambda context: batches[context.replica_id_in_sync_group])
+        lambda context: {name: tf.constant(value) for name, value in
+                         batches[context.replica_id_in_sync_group].items()})
 
   # --- checkpoints -------------------------------------------------------------------
   def _check_stream(self, path: str, names: set[str]) -> None:
     """What an older checkpoint lacks (upgraded once restored), or its refusal."""
-    self._lacks = formats.checkpoint_lacks(path, names, self.plan.replicas)
+    self._lacks = formats.checkpoint_lacks(path, names, self.options.allow_stream_change)
 
   def _check_layout(self, path: str) -> None:
     """A checkpoint written on another layout (replicas x accumulate steps): resumable
@@ -410,6 +405,8 @@ class Trainer:
     return os.path.join(source, f"ckpt-{number}") if os.path.isdir(source) else source
 
   def save(self) -> str:
+    if self._clock is not None:
+      self.train_seconds.assign(self._clock.spent())
     micro_step = int(self.learner.micro_step.numpy())
     number = micro_step * self.plan.replicas  # micro-batches of the stream
     already_saved = self.checkpoints.last_saved == number
@@ -444,16 +441,10 @@ class Trainer:
     return self._stop_signal is not None and self._stops_mid_update()
 
   def _from_chief(self, values: list[float]) -> list[float]:
-    """The chief's `values`, on every worker: one collective, in which the other workers
-    wait while the chief works alone (an evaluation, say). One process: `values`."""
+    """The chief's `values`, on every worker (distribute.from_chief). One process: `values`."""
     if not self._multi_worker:
       return values
-    zeros = [0.0] * len(values)
-    per_replica = self.strategy.experimental_distribute_values_from_function(
-        lambda context: tf.constant(values if context.replica_id_in_sync_group == 0 else zeros,
-                                    tf.float64))  # replica 0 is the chief's first device
-    total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-    return [float(v) for v in total.numpy()]
+    return distribute.from_chief(self.strategy, values)
 
   # --- the loop ----------------------------------------------------------------------
   def train(self) -> dict:
@@ -494,7 +485,12 @@ class Trainer:
     micro-steps read nothing from the device: the host counts the updates it tried and
     reads the device's window of statistics only when `decide` asks for it."""
     learner = self.learner
-    clock = _Clock(self.options)
+    clock = self._clock = _Clock(self.options, float(self.train_seconds.numpy()))
+    if clock.spent_before and self.options.stopping.train_minutes:
+      logging.info("time budget: %s of %g minutes trained by this run's earlier processes; "
+                   "%s left", format_duration(clock.spent_before),
+                   self.options.stopping.train_minutes,
+                   format_duration(clock.deadline - clock.start))
     self._guard = NonFiniteGuard(self.hparams.max_consecutive_nonfinite,
                                  self.options.output_dir)
     self._window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
@@ -705,14 +701,20 @@ class Trainer:
 
 
 class _Clock:
-  """This process's clocks: the time budget, timed saves, and the training time that
-  tokens/s is measured over (saves and evaluations excluded)."""
+  """This process's clocks: the time budget (the run's training time, `spent_before` by
+  its earlier processes and recorded in its checkpoints), timed saves, and the training time
+  that tokens/s is measured over (saves and evaluations excluded)."""
 
-  def __init__(self, options: RunOptions):
+  def __init__(self, options: RunOptions, spent_before: float = 0.0):
     self.start = self.window_start = self.last_save = time.time()
+    self.spent_before = spent_before
     minutes = options.stopping.train_minutes
-    self.deadline = self.start + minutes * 60 if minutes > 0 else None
+    self.deadline = self.start + minutes * 60 - spent_before if minutes > 0 else None
     self.save_secs = options.checkpointing.save_secs
+
+  def spent(self) -> float:
+    """The run's training time so far, this process's included."""
+    return self.spent_before + time.time() - self.start
 
   def flags(self, signalled: bool) -> tuple[float, float, float]:
     """This process's (stop signal, time budget reached, timed save due). A timed save is

@@ -41,6 +41,10 @@ def main() -> None:
     print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "
           "nothing to do")
     return
+  if manifest.get("stores_added"):
+    print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; added the "
+          f"store that training reads of {', '.join(manifest['stores_added'])}")
+    return
   sampling = manifest["settings"]["subword_sampling"]
   for split, info in manifest["splits"].items():
     dropped = ", ".join(f"{n} {why}" for why, n in info["dropped"].items()) or "none"

@@ -66,6 +66,10 @@ flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, pro
 flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
                   "hparams set or changed values.")
+flags.DEFINE_bool("allow_stream_change", False, "Resume a checkpoint written by an earlier "
+                  "t2t-lite that kept its data position as a tf.data iterator: training "
+                  "continues at its update on the planned stream (other batches than it would "
+                  "have read).")
 flags.DEFINE_bool("deterministic", False, "Deterministic TensorFlow ops (slower).")
 flags.DEFINE_bool("xla_compile", False, "Compile each micro-step's forward and backward pass "
                   "with XLA, once per batch shape; training batches are padded to their "
@@ -177,6 +181,8 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
     strategy, is_chief, task = distribute.make_strategy(FLAGS.strategy, FLAGS.cpu_replicas,
                                                         FLAGS.slurm_port_base)
     replicas = strategy.num_replicas_in_sync
+    if FLAGS.strategy == "multi_worker":
+      distribute.agree(strategy, task, _settings(problem, hparams, data_dir, seed))
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
   vocab_size = problem.vocab_size_in(data_dir)
   params = rundir.parameter_count(hparams, vocab_size)
@@ -220,7 +226,8 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
           early_stopping_delta=FLAGS.eval_early_stopping_metric_delta),
       log_every=FLAGS.log_every, warm_start_from=FLAGS.warm_start_from or "",
       warm_start_optimizer=FLAGS.warm_start_optimizer,
-      allow_hparams_change=FLAGS.allow_hparams_change, xla_compile=FLAGS.xla_compile)
+      allow_hparams_change=FLAGS.allow_hparams_change,
+      allow_stream_change=FLAGS.allow_stream_change, xla_compile=FLAGS.xla_compile)
   trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:
@@ -239,6 +246,25 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
         f"{result['checkpoint']}", flush=True)
   if FLAGS.strategy == "multi_worker":
     distribute.leave_cluster(is_chief)
+
+
+def _settings(problem, hparams, data_dir: str, seed: int) -> dict[str, str]:
+  """What every worker of a cluster must share (distribute.agree): the trainer's flags (the
+  paths excepted: the data is compared by its manifest, and a node may mount it elsewhere),
+  the resolved hparams and seed, the data's manifest and the program."""
+  import t2t_lite
+  from t2t_lite.problems.base import file_sha256
+  names = {flag.name for module in ("t2t_lite.cli.trainer", "t2t_lite.cli.common")
+           for flag in FLAGS.flags_by_module_dict().get(module, [])}
+  settings = {f"--{name}": FLAGS[name].value for name in names - {"data_dir", "output_dir", "debug"}}
+  settings.update({f"hparams.{name}": value for name, value in hparams.values().items()})
+  package = os.path.dirname(t2t_lite.__file__)
+  sources = sorted(os.path.join(folder, name) for folder, _, files in os.walk(package)
+                   for name in files if name.endswith(".py"))
+  settings.update({"random seed": seed, "the data (its manifest)": file_sha256(
+      problem.manifest_file(data_dir)), "the program": t2t_lite.__version__ + " " + ",".join(
+          file_sha256(path)[:12] for path in sources)})
+  return settings
 
 
 def _from_run(recorded: dict | None, flag: str, key: str):

@@ -7,6 +7,8 @@ Files in `data_dir`, all named after the problem:
     <problem>-<split>-<i>-of-<n>.tfrecord      tf.train.Example: inputs, targets; train
                                                shuffled, dev and test in input order (+ raw);
                                                with subword sampling, train_sampled too
+    <problem>-<split>.{lengths,offsets}.npy    the training splits' store, which the trainer
+    <problem>-<split>.{inputs,targets}.ids     reads by index (problems.store)
 
 A datagen writes its files into a folder of its own that nothing reads yet, then writes the
 manifest naming it under a temporary name and renames it into place: that one rename makes
@@ -32,12 +34,14 @@ from t2t_lite import faults, formats
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
+from t2t_lite.problems import store as store_lib
 from t2t_lite.problems import vocab as vocab_lib
 
 SPLITS = ("train", "dev", "test")  # of the raw data
 # The training pairs again, each in `subword_sampling.copies` sampled segmentations (data
 # made with subword sampling; "train" holds their one best segmentation).
 SAMPLED = "train_sampled"
+TRAINING_SPLITS = ("train", SAMPLED)
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
@@ -241,7 +245,26 @@ class TranslateProblem(abc.ABC):
       raise UsageError(f"problem {self.name} has no '{split}' split in {data_dir}")
     folder = self.files_dir(data_dir, manifest)
     files = [os.path.join(folder, name) for name in info["files"]]
-    sizes = info.get("bytes") or [None] * len(files)
+    self._check_sizes(files, info.get("bytes") or [None] * len(files))
+    if "store" in info:
+      self._check_sizes([os.path.join(folder, name) for name in info["store"]["files"]],
+                        info["store"]["bytes"])
+    return files
+
+  def training_store(self, data_dir: str, split: str) -> store_lib.ExampleStore:
+    """The store of training split `split` (checked as data_files checks the shards)."""
+    self.data_files(data_dir, split)
+    manifest = self.manifest(data_dir)
+    info = manifest["splits"][split]
+    if "store" not in info:
+      raise UsageError(
+          f"{data_dir} was made by an earlier t2t-lite-datagen, without the store of its "
+          f"'{split}' split that training reads by index; run the same t2t-lite-datagen "
+          f"command again (--problem={self.name} --data_dir={data_dir} --tmp_dir=<its raw "
+          "data>): it adds the store beside the records it keeps")
+    return store_lib.ExampleStore(self.files_dir(data_dir, manifest), info["store"])
+
+  def _check_sizes(self, files: list[str], sizes: list) -> None:
     for path, size in zip(files, sizes):
       if not os.path.isfile(path):
         raise UsageError(f"data file {path} listed in the manifest is missing; "
@@ -250,7 +273,6 @@ class TranslateProblem(abc.ABC):
         raise UsageError(f"data file {path} has {os.path.getsize(path)} bytes, the manifest "
                          f"says {size}: it was changed after datagen; run t2t-lite-datagen "
                          f"--problem={self.name} again")
-    return files
 
   def get_vocab(self, data_dir: str) -> vocab_lib.SubwordVocab:
     path = self.vocab_file(data_dir)
@@ -295,7 +317,9 @@ class TranslateProblem(abc.ABC):
       return False
     try:
       for split in old["splits"].values():
-        for name, size in zip(split["files"], split["bytes"], strict=True):
+        store = split.get("store") or {"files": [], "bytes": []}  # (see _add_stores)
+        for name, size in zip(split["files"] + store["files"], split["bytes"] + store["bytes"],
+                              strict=True):
           path = os.path.join(self.files_dir(data_dir, old), name)
           if not os.path.isfile(path) or os.path.getsize(path) != size:
             return False
@@ -345,6 +369,8 @@ class TranslateProblem(abc.ABC):
     inputs = self.input_fingerprint(tmp_dir)
     if self._up_to_date(data_dir, inputs):
       manifest = self.manifest(data_dir)
+      if any("store" not in manifest["splits"][split] for split in self._stored(manifest)):
+        return self._add_stores(data_dir, manifest)
       manifest["skipped"] = True
       return manifest
     self._refuse_other_data(data_dir, inputs, overwrite)
@@ -408,10 +434,41 @@ class TranslateProblem(abc.ABC):
       splits[split] = {"read": data.read, "kept": data.kept, "dropped": data.dropped,
                        "source": data.source, "files": names,
                        "bytes": [os.path.getsize(at(n)) for n in names]}
+      if split in TRAINING_SPLITS:
+        splits[split]["store"] = store_lib.write([at(n) for n in names],
+                                                 os.path.join(data_dir, folder),
+                                                 f"{self.name}-{split}", vocab.size)
     return {**manifest, "inputs": inputs, "settings": self._settings(),
             "vocab": {"file": os.path.basename(self.vocab_file(data_dir, manifest)),
                       "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
             "splits": splits}
+
+  @staticmethod
+  def _stored(manifest: dict) -> list[str]:
+    """The splits of `manifest` that have (or need) a store: the training splits."""
+    return [split for split in TRAINING_SPLITS if split in manifest["splits"]]
+
+  def _add_stores(self, data_dir: str, manifest: dict) -> dict:
+    """Data made before the store, otherwise up to date: its training splits' stores are
+    written beside the records (which stay as they are), then the manifest naming them
+    replaces the old one in one rename."""
+    folder = self.files_dir(data_dir, manifest)
+    vocab_size = manifest["vocab"]["size"]
+    written = dict(manifest, splits=dict(manifest["splits"]))
+    written.pop("skipped", None)
+    added = []
+    for split in self._stored(manifest):
+      info = manifest["splits"][split]
+      if "store" not in info:
+        files = [os.path.join(folder, name) for name in info["files"]]
+        written["splits"][split] = dict(info, store=store_lib.write(
+            files, folder, f"{self.name}-{split}", vocab_size))
+        added.append(split)
+    write_atomic(self.manifest_file(data_dir),
+                 json.dumps(written, indent=2, sort_keys=True).encode())
+    logging.info("%s: added the store of %s to the data in %s", self.name, ", ".join(added),
+                 data_dir)
+    return dict(formats.data_manifest(written), skipped=False, stores_added=added)
 
   def _remove_data(self, data_dir: str, manifest: dict) -> None:
     """The files of replaced data: its folder, or (data made before folders) the files its
