@@ -94,3 +94,15 @@ def worker_main(workers: dict) -> bool:
     print(json.dumps(workers[spec["kind"]](spec)))
     return True
   return False
+
+
+def free_ports(count: int) -> list[int]:
+  """`count` free ports of 127.0.0.1 (for localhost clusters)."""
+  import socket
+  sockets = [socket.socket() for _ in range(count)]
+  for sock in sockets:
+    sock.bind(("127.0.0.1", 0))
+  ports = [sock.getsockname()[1] for sock in sockets]
+  for sock in sockets:
+    sock.close()
+  return ports

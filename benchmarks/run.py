@@ -1,4 +1,4 @@
-"""`make bench`: the training and decoding benchmarks, one process a configuration.
+"""`make bench`: the training, input and decoding benchmarks, one process a configuration.
 
     python -m benchmarks.run [--quick] [--data_dir=data/multi30k_ende]
         [--run_dir=runs/multi30k_ende_avg] [--out_dir=bench_out] [--no_docs]
@@ -19,13 +19,14 @@ import json
 import os
 import time
 
-from benchmarks import common, decoding, training
+from benchmarks import common, decoding, input as input_bench, training
 
 MARKER = "make bench"
 
 
 def table(results: dict) -> str:
   rows = training.table(results).rstrip("\n").split("\n")
+  rows.extend(input_bench.table_rows(results))
   rows.extend(decoding.table_rows(results))
   return "\n".join(rows) + "\n"
 
@@ -53,6 +54,7 @@ def main(argv=None) -> None:
   results = {}
   if not args.decoding_only:
     results.update(training.measure(args.quick, args.data_dir if have_data else None))
+    results.update(input_bench.measure(args.quick, args.data_dir if have_data else None))
   if not args.training_only:
     results.update(decoding.measure(args.quick, args.data_dir if have_data else None,
                                     args.raw_dir or os.path.join(args.data_dir, "raw"),

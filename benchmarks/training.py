@@ -1,6 +1,7 @@
 """Training benchmarks: memory against accumulate steps, speed (precision, XLA, n), a profile
 of a micro-step, device reads per update, the Keras comparison, the mirrored update, packed
-all-reduces on two workers, the input pipeline. Each configuration runs in its own process.
+all-reduces on two workers (the input: benchmarks/input.py). Each configuration runs in its
+own process.
 
     python -m benchmarks.training [--quick] [--data_dir=data/multi30k_ende]
 
@@ -311,24 +312,6 @@ def worker_keras_speed(spec: dict) -> dict:
           "peak_rss_mib": peak_rss_mib()}
 
 
-def worker_pipeline(spec: dict) -> dict:
-  """Examples per second the tf.data pipeline delivers for transformer_multi30k_cpu."""
-  import_tf()
-  from t2t_lite import data, registry
-  hparams = registry.hparams("transformer_multi30k_cpu")
-  files = registry.problem("translate_ende_multi30k").data_files(spec["data_dir"], "train")
-  dataset = data.train_dataset(files, hparams, seed=1)
-  iterator = iter(dataset)
-  for _ in range(20):
-    next(iterator)
-  examples, start = 0, time.perf_counter()
-  for _ in range(spec.get("batches", 400)):
-    examples += int(next(iterator)["targets"].shape[0])
-  seconds = time.perf_counter() - start
-  return {"examples_per_second": examples / seconds,
-          "padding_fraction": data.padding_fraction(dataset, 200)}
-
-
 def worker_cluster_member(spec: dict) -> dict:
   """One of two workers (TF_CONFIG set by worker_cluster): seconds per update at n=1 and the
   collective ops of its cross-replica sum, with the sums packed or one per tensor."""
@@ -380,13 +363,13 @@ def worker_cluster(spec: dict) -> dict:
 
 WORKERS = {"train": worker_train, "cluster_member": worker_cluster_member,
            "cluster": worker_cluster, "keras": worker_keras, "keras_speed": worker_keras_speed,
-           "pipeline": worker_pipeline, "profile": worker_profile,
+           "profile": worker_profile,
            "host_syncs": worker_host_syncs, "mirrored": worker_mirrored}
 
 
 def suite(quick: bool, data_dir: str | None):
   """The configurations: (name, spec). `quick` shrinks them to seconds (for the tests). The
-  host-sync and pipeline rows need a datagen directory of Multi30k en-de (`data_dir`)."""
+  host-sync rows need a datagen directory of Multi30k en-de (`data_dir`)."""
   cpu = {"hparams_set": "transformer_multi30k_cpu", "rows": 128, "length": 32}
   base = {"hparams_set": "transformer_base", "hparams": "batch_size=512", "rows": 16,
           "length": 32}
@@ -425,9 +408,6 @@ def suite(quick: bool, data_dir: str | None):
   if data_dir:
     for n in (1, 4):
       specs.append((f"host_syncs/n={n}", {"kind": "host_syncs", "data_dir": data_dir, "n": n}))
-  if data_dir:
-    specs.append(("pipeline", {"kind": "pipeline", "data_dir": data_dir,
-                               "batches": 20 if quick else 400}))
   return specs
 
 
@@ -511,10 +491,6 @@ def table(results: dict) -> str:
                 f"{packed['collective_ops']}, {packed['seconds_per_update']:.3f} s / "
                 f"{per_tensor['collective_ops']}, {per_tensor['seconds_per_update']:.3f} s "
                 f"({per_tensor['seconds_per_update'] / packed['seconds_per_update']:.1f}x) |")
-  p = results.get("pipeline", {})
-  if "examples_per_second" in p:
-    rows.append(f"| input pipeline examples/s, padding fraction | "
-                f"{p['examples_per_second']:.0f}, {p['padding_fraction']:.1%} |")
   return "\n".join(rows) + "\n"
 
 

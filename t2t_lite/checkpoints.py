@@ -192,9 +192,9 @@ class Checkpoints:
       return self._last_path
     if not self.is_chief:  # its part of the collective save, written and thrown away
       scratch = tempfile.mkdtemp(prefix="t2t-lite-worker-save-")
-      self.checkpoint.save_counter.assign_add(1)  # as the chief's manager does
       try:
-        self.checkpoint.write(os.path.join(scratch, f"ckpt-{number}"))
+        self.faults.save(tf.train.CheckpointManager(self.checkpoint, scratch, max_to_keep=1),
+                         self.checkpoint, number)
       finally:
         shutil.rmtree(scratch, ignore_errors=True)
       path = os.path.join(self.directory, f"ckpt-{number}")

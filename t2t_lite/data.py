@@ -1,9 +1,10 @@
-"""The tf.data input pipeline: length buckets and batches counted in tokens.
+"""The tf.data input of evaluation: length buckets and batches counted in tokens.
 
 `batch_size` is tensor2tensor's: a batch's rows x longest sequence (source or target,
 padding included) never exceeds it. Sequences are grouped into geometric length buckets
 (min_length_bucket, x length_bucket_step) so that sentences of similar length share a batch
-and little is padding. Each batch is padded to its own longest source and target.
+and little is padding. Each batch is padded to its own longest source and target. (Training
+batches are planned from the examples' lengths instead: t2t_lite.stream.)
 """
 
 from __future__ import annotations
@@ -42,25 +43,9 @@ def _length(example):
   return tf.maximum(tf.shape(example["inputs"])[0], tf.shape(example["targets"])[0])
 
 
-def examples(files: list[str], max_length: int, shard: tuple[int, int] | None = None,
-             interleave: bool = False) -> tf.data.Dataset:
-  """Parsed examples of `files`, without pairs longer than `max_length`.
-
-  In file order, or with `interleave` one record of each file in turn (cycling over all
-  files, in the order given), so that every file is read from the start. `shard` = (index,
-  count) keeps every count-th record from index of that sequence, before parsing; the
-  sequence does not depend on any seed, so the shards of one run never overlap.
-  """
-  if interleave and len(files) > 1:
-    # Every file has its own reader thread (remote or slow storage reads ahead); the
-    # deterministic interleave keeps the round-robin order, on any machine and on resume.
-    dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=len(files), block_length=1,
-        num_parallel_calls=len(files), deterministic=True)
-  else:
-    dataset = tf.data.TFRecordDataset(files)
-  if shard is not None and shard[1] > 1:
-    dataset = dataset.shard(shard[1], shard[0])
+def examples(files: list[str], max_length: int) -> tf.data.Dataset:
+  """Parsed examples of `files`, in file order, without pairs longer than `max_length`."""
+  dataset = tf.data.TFRecordDataset(files)
   dataset = dataset.map(parse_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return dataset.filter(lambda ex: _length(ex) <= max_length)
 
@@ -78,24 +63,6 @@ def batched(dataset: tf.data.Dataset, batch_size: int, max_length: int,
       # nothing for pad_to_bucket_boundary to fill.
       padded_shapes={name: tf.TensorShape([None]) for name in ("inputs", "targets")},
       pad_to_bucket_boundary=pad_to_bucket_boundary)
-
-
-def train_dataset(files: list[str], hparams, seed: int, batch_size: int | None = None,
-                  shard: tuple[int, int] | None = None,
-                  pad_to_bucket_boundary: bool = False) -> tf.data.Dataset:
-  """Endless, shuffled (with `seed`), token-bucketed training batches.
-
-  The shards `files` (already shuffled by datagen) are read interleaved, all at once.
-  `shard` = (index, count) splits the examples between input pipelines (workers).
-  `pad_to_bucket_boundary`: see `batched`.
-  """
-  dataset = examples(files, hparams.max_length, shard, interleave=True)
-  dataset = dataset.shuffle(hparams.shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-  dataset = dataset.repeat()
-  dataset = batched(dataset, batch_size or hparams.batch_size, hparams.max_length,
-                    hparams.min_length_bucket, hparams.length_bucket_step,
-                    pad_to_bucket_boundary)
-  return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def eval_dataset(files: list[str], hparams, batch_size: int | None = None) -> tf.data.Dataset:

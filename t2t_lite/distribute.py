@@ -263,7 +263,8 @@ def check_shared_directory(strategy: tf.distribute.Strategy, is_chief: bool, tas
   """Refuses the run on every worker when a worker cannot see the files the chief writes in
   `directory` (its checkpoints, which every worker resumes from): the chief writes a marker
   named by a number it sends to all, which the others look for (a shared filesystem may show
-  a new file a few seconds late)."""
+  a new file a few seconds late). The error raised is named after this worker by
+  shared_failures."""
   nonce = secrets.randbits(48) if is_chief else 0
   marker = os.path.join(directory, f".t2t-lite-cluster-{nonce:012x}")
   if is_chief:
@@ -278,7 +279,7 @@ def check_shared_directory(strategy: tf.distribute.Strategy, is_chief: bool, tas
     missing = not os.path.exists(marker)
     if on_any_worker(strategy, [missing])[0]:
       who = "this worker" if missing else "another worker"
-      raise UsageError(f"{task}: {who} cannot see the files the chief writes in --output_dir="
+      raise UsageError(f"{who} cannot see the files the chief writes in --output_dir="
                        f"{directory}; every worker resumes from the chief's checkpoints, so "
                        "--output_dir must be on a filesystem all workers share")
   finally:
@@ -286,7 +287,7 @@ def check_shared_directory(strategy: tf.distribute.Strategy, is_chief: bool, tas
       os.remove(marker)
 
 
-def agree(strategy: tf.distribute.Strategy, task: str, settings: dict[str, str]) -> None:
+def agree(strategy: tf.distribute.Strategy, settings: dict[str, str]) -> None:
   """Refuses the run on every worker, naming what differs, unless all workers have the same
   `settings` (name -> value: flags, hparams, the data's and the program's identity): the
   number of settings and their names first, then a digest of each value."""
@@ -294,7 +295,7 @@ def agree(strategy: tf.distribute.Strategy, task: str, settings: dict[str, str])
   shape = [float(len(names)), digest("\n".join(names))]
   if on_any_worker(strategy, [mine != chiefs for mine, chiefs in
                               zip(shape, from_chief(strategy, shape))])[0]:
-    raise UsageError(f"{task}: the workers run different versions of t2t-lite (their settings "
+    raise UsageError("the workers run different versions of t2t-lite (their settings "
                      "differ in kind); install the same version on every worker")
   values = [digest(str(settings[name])) for name in names]
   chiefs = from_chief(strategy, values)
@@ -302,5 +303,5 @@ def agree(strategy: tf.distribute.Strategy, task: str, settings: dict[str, str])
   named = [name for name, flag in zip(names, differs) if flag]
   if named:
     mine = "; ".join(f"{name}={settings[name]}" for name in named[:4])
-    raise UsageError(f"{task}: the workers differ in {', '.join(named)} (this worker: {mine}); "
+    raise UsageError(f"the workers differ in {', '.join(named)} (this worker: {mine}); "
                      "start every worker with the same flags, hparams, data and program")

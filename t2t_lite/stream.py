@@ -103,6 +103,13 @@ class SplitPlan:
   def batches_per_epoch(self) -> int:
     return len(self.starts) - 1
 
+  @property
+  def nbytes(self) -> int:
+    """The memory the plan holds: its indices and sort keys, and one epoch's order."""
+    arrays = [self.kept, self._key, self.starts, *(self._epoch[1:] if self._epoch else ())]
+    return sum(array.nbytes for array in arrays) + (
+        self.padded.nbytes if self.padded is not None else 0)
+
   def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     if self._epoch is None or self._epoch[0] != epoch:
       rng = np.random.default_rng([self.seed, self.split_number, epoch])

@@ -571,9 +571,15 @@ class Trainer:
                 "reached")
     micro_step = learner.host_micro_step()
     logging.info("stopped: %s; update %d, micro-step %d, %s", reason, update, micro_step, path)
+    stream = self.stream
+    logging.info("input: this process read %d examples in %d micro-batches of the training "
+                 "stream (its %d of %d replicas)", stream.examples_read, stream.batches_read,
+                 len(self.replica_ids), self.plan.replicas)
+    stream.close()
     return {"updates": update, "micro_steps": micro_step, "stop_reason": reason,
             "checkpoint": path, "train_seconds": round(time.time() - clock.start, 1),
-            "skipped_updates": int(learner.skipped_updates.numpy())}
+            "skipped_updates": int(learner.skipped_updates.numpy()),
+            "examples_read": stream.examples_read, "batches_read": stream.batches_read}
 
   # --- the cooldown's last update (see t2t_lite.budget) ----------------------------------
   def _start_cooldown(self, update: int) -> None:

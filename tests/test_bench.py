@@ -3,6 +3,7 @@
 import os
 
 from benchmarks import common, decoding, run
+from benchmarks import input as input_bench
 from benchmarks import training as bench
 from conftest import multi30k_dir
 
@@ -74,7 +75,29 @@ def test_xla_row_compares_the_compiled_step_with_the_plain_one():
 def test_the_rows_that_read_data_run_only_with_a_data_directory():
   with_data = {name for name, _ in bench.suite(False, "data")}
   without = {name for name, _ in bench.suite(False, None)}
-  assert with_data - without == {"host_syncs/n=1", "host_syncs/n=4", "pipeline"}
+  assert with_data - without == {"host_syncs/n=1", "host_syncs/n=4"}
+  assert input_bench.measure(False, None) == {}
+
+
+def test_the_input_workers_before_and_after(multi30k_data):
+  """One worker's input before (tf.data, whose iterator a checkpoint held) and after (the
+  planned stream), as one of 1 and of 64 replicas; the plan of a synthetic corpus."""
+  before = common.run_worker(input_bench.MODULE, {"kind": "before", "data_dir": multi30k_data,
+                                                   "batches": 10})
+  after = common.run_worker(input_bench.MODULE, {"kind": "after", "data_dir": multi30k_data,
+                                                  "batches": 10, "replicas": 64})
+  plan = common.run_worker(input_bench.MODULE, {"kind": "plan", "pairs": 20000})
+  for result in (before, after, plan):
+    assert "error" not in result, result
+  assert before["iterator_bytes"] > 1e6  # the shuffle buffer's examples
+  assert after["batches_per_second"] > 0 and 0 < after["padding_fraction"] < 0.2
+  assert plan["pairs"] == 20000 and plan["batches"] > 100 and plan["plan_mib"] > 0
+  results = {"input/before": before, "input/after/replicas=64": after, "input/plan": plan,
+             "input/workers=2": {"workers": 2, "updates": 2, "read": [[300, 4], [310, 4]]}}
+  rows = "\n".join(input_bench.table_rows(results))
+  assert "| input of one worker's micro-step at 64 replica(s)" in rows
+  assert "| plan of 20,000 synthetic pairs" in rows
+  assert "4 micro-batches an update) | 2: 150 + 155 = 305 |" in rows
 
 
 def test_the_table_goes_between_the_markers_of_its_page(tmp_path):

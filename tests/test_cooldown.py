@@ -137,3 +137,34 @@ def test_without_a_budget_the_cooldown_ends_at_train_steps_and_stays_there(multi
   result = longer.train()
   assert result["updates"] == 4
   assert result["stop_reason"] == "the learning-rate cooldown's last update (4) reached"
+
+
+def test_a_budget_split_over_two_processes_counts_the_runs_training_time(multi30k_data,
+                                                                         tmp_path):
+  """--train_minutes counts the run's training time over its processes: a 12-second budget
+  whose first process is stopped (SIGTERM) after 4 seconds continues in the second for the
+  time left, whose projection fixes the cooldown's end from there; the checkpoint holds the
+  run's time."""
+  import signal
+  import threading
+  import tensorflow as tf
+  output_dir = tmp_path / "run"
+  first, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2)
+  threading.Timer(4.0, first.request_stop, (signal.SIGTERM,)).start()
+  stopped = first.train()
+  assert stopped["stop_reason"] == "signal 15" and int(first.learner.cooldown_end.numpy()) == 0
+  spent = float(tf.train.load_checkpoint(stopped["checkpoint"]).get_tensor(
+      "train_seconds/.ATTRIBUTES/VARIABLE_VALUE"))
+  assert 3.5 < spent < 6.0, stopped
+
+  second, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2)
+  result = second.train()
+  total = float(tf.train.load_checkpoint(result["checkpoint"]).get_tensor(
+      "train_seconds/.ATTRIBUTES/VARIABLE_VALUE"))
+  # the deadline, or the cooldown's end projected to come at it
+  assert 11.0 <= total < 14.0, (spent, result)
+  assert result["train_seconds"] == pytest.approx(total - spent, abs=0.5)
+  end = int(second.learner.cooldown_end.numpy())
+  assert stopped["updates"] < end - budget.cooldown_length(end, hparams.learning_rate_cooldown)
+  assert end - budget.cooldown_length(end, hparams.learning_rate_cooldown) < result["updates"]
+  assert result["updates"] <= end

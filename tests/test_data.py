@@ -72,47 +72,6 @@ def test_batches_fit_batch_size_and_one_epoch_has_every_example_once(multi30k_da
   assert 900 < len(expected) < all_examples, "max_length=40 should drop a few dev pairs"
 
 
-def test_batches_padded_to_their_bucket_boundary_hold_the_same_sentences(multi30k_data):
-  """--xla_compile's pipeline: one shape per bucket, the same batches otherwise."""
-  files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
-  hparams = tiny_hparams(batch_size=256, max_length=64)
-  widths = {b - 1 for b in data.bucket_boundaries(64)}
-  plain = list(data.train_dataset(files, hparams, seed=3).take(60))
-  padded = list(data.train_dataset(files, hparams, seed=3, pad_to_bucket_boundary=True)
-                .take(60))
-  plain_shapes = {(b["inputs"].shape[1], b["targets"].shape[1]) for b in plain}
-  assert len(plain_shapes) > len({(b["inputs"].shape[1],) for b in padded}) > 5
-  for before, after in zip(plain, padded):
-    assert after["inputs"].shape == after["targets"].shape
-    rows, width = after["inputs"].shape
-    assert width in widths and rows * width <= 256, (rows, width)
-    assert width >= max(before["inputs"].shape[1], before["targets"].shape[1])
-    assert _sequences(after) == _sequences(before)
-
-
-def test_training_batches_fit_and_pad_little(multi30k_data):
-  files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
-  hparams = registry.hparams("transformer_multi30k_cpu")
-  batches = data.train_dataset(files, hparams, seed=1).take(150)
-  shapes = set()
-  for batch in batches:
-    rows = batch["inputs"].shape[0]
-    longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
-    assert rows * longest <= hparams.batch_size
-    shapes.add(longest)
-  fraction = data.padding_fraction(data.train_dataset(files, hparams, seed=1), limit=150)
-  assert fraction < 0.15, f"padding fraction {fraction:.3f}"
-
-
-def test_training_order_follows_the_seed(multi30k_data):
-  files = registry.problem("translate_ende_multi30k").data_files(multi30k_data, "train")
-  hparams = tiny_hparams()
-  first = lambda seed: [b["targets"].numpy().tolist()  # noqa: E731
-                        for b in data.train_dataset(files, hparams, seed).take(3)]
-  assert first(5) == first(5)
-  assert first(5) != first(6)
-
-
 # --- bad input, through translate_folder and the real CLI ---------------------------------
 
 def _corpus(folder, lines=300, **edits):
@@ -423,15 +382,6 @@ def two_part_data(tmp_path_factory):
   return {"raw": str(root / "raw"), "out": str(root / "out"), "train": train}
 
 
-def _records(files, **options):
-  """(inputs, targets) ids of `files` as data.examples reads them (with `options`)."""
-  records = []
-  for batch in data.examples(files, 100_000, **options).ragged_batch(1000):
-    records.extend(zip(map(tuple, batch["inputs"].to_list()),
-                       map(tuple, batch["targets"].to_list())))
-  return records
-
-
 def _shard_records(path):
   """(inputs, targets) ids of one TFRecord file, in file order (faster than data.examples)."""
   import tensorflow as tf
@@ -451,22 +401,23 @@ def test_concatenated_sub_corpora_reach_training_mixed_and_whole(two_part_data):
   kind = {(tuple(vocab.encode(source)), tuple(vocab.encode(target))): source[0]
           for source, target in two_part_data["train"]}
   assert len(kind) == 4000
-  read = _records(files, interleave=True)  # the order training reads, before its buffer
+  read = [pair for path in files for pair in _shard_records(path)]
   assert sorted(read) == sorted(kind)  # nothing lost, nothing duplicated
-  first = [kind[pair] for pair in read[:200]]
-  assert 70 <= first.count("A") <= 130, f"{first.count('A')} of the first 200 are from A"
-  shard_of = {}
-  for index, path in enumerate(files):  # every shard is mixed from its start
+  for path in files:  # every shard is mixed from its start
     records = _shard_records(path)
     head = [kind[pair] for pair in records[:100]]
     assert 25 <= head.count("A") <= 75, f"{path}: {head.count('A')} of the first 100 from A"
-    shard_of.update((pair, index) for pair in records)
-  halves = [_records(files, interleave=True, shard=(index, 2)) for index in range(2)]
-  assert sorted(halves[0] + halves[1]) == sorted(read)  # two replicas split, never overlap
+  # the store holds the shards' pairs, and training's first batches mix both parts
+  from t2t_lite.stream import Batching, SplitPlan
+  store = problem.training_store(two_part_data["out"], "train")
+  stored = store.batch(np.arange(len(store)))
+  pairs = [(tuple(int(i) for i in source if i), tuple(int(i) for i in target if i))
+           for source, target in zip(stored["inputs"], stored["targets"])]
+  assert pairs == read
+  plan = SplitPlan(store.lengths, Batching(400, 100), seed=1, split_number=0)
+  first = [kind[pairs[i]] for b in range(20) for i in plan.batch(b)[0]][:200]
+  assert 70 <= first.count("A") <= 130, f"{first.count('A')} of the first 200 are from A"
 
-  hparams = tiny_hparams(shuffle_buffer_size=1, batch_size=400, max_length=100)
-  batches = data.train_dataset(files, hparams, seed=1).take(4)
-  assert {shard_of[pair] for batch in batches for pair in _sequences(batch)} == {0, 1, 2, 3}
 
 
 def test_shuffle_follows_the_seed(two_part_data, tmp_path):
@@ -546,24 +497,6 @@ def test_a_longer_target_file_is_found_at_the_end_of_the_stream(tmp_path):
   result = _datagen(tmp_path, raw)
   _assert_usage_error(result, f"line counts differ: {raw}/train.en has 300 lines, "
                       f"{raw}/train.de has 301", out_dir=tmp_path / "out")
-
-
-def test_training_reads_its_shards_in_parallel_one_record_of_each_in_turn(two_part_data):
-  import tensorflow as tf
-  from tensorflow.core.framework import graph_pb2
-  problem = registry.problem("translate_folder")
-  files = problem.data_files(two_part_data["out"], "train")
-  per_file = [_shard_records(path) for path in files]
-  assert len(files) == 4 and len({len(records) for records in per_file}) > 1  # uneven
-  turns = [records[i] for i in range(max(map(len, per_file))) for records in per_file
-           if i < len(records)]
-  assert _records(files, interleave=True) == turns  # the parallel reads keep this order
-  dataset = data.examples(files, 100, interleave=True)
-  graph = graph_pb2.GraphDef.FromString(
-      tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor).numpy())
-  interleave = [node for node in graph.node if "Interleave" in node.op]
-  assert [node.op for node in interleave] == ["ParallelInterleaveDatasetV4"]
-  assert interleave[0].attr["deterministic"].s == b"true"
 
 
 def test_make_train_data_step_makes_12000_pieces_and_refuses_older_data(multi30k_data, tmp_path):

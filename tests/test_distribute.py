@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,11 +96,21 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   written = sorted(os.listdir(workers_dir))
   assert {"ckpt-8.index", "ckpt-12.index", "hparams.json", "train"} <= set(written)
   assert "eval" not in written  # no evaluation asked for, no empty summaries
-  # the other worker keeps its own checkpoints (its data iterator) apart from the chief's,
-  # and writes no summaries
-  assert sorted(os.listdir(os.path.join(workers_dir, "workers"))) == ["worker-1"]
-  worker_1 = os.listdir(os.path.join(workers_dir, "workers", "worker-1"))
-  assert "ckpt-12.index" in worker_1 and "train" not in worker_1
+  # one run directory: the other worker keeps no checkpoints of its own, nor a marker
+  assert "workers" not in written and not [n for n in written if n.startswith(".t2t-lite")]
+  # each worker read only its own 6 of the stream's 12 micro-batches, and together the
+  # examples the mirrored process read
+  counts = [_examples_read(err) for _, err in two_worker_run["outputs"]]
+  assert counts[0][1:] == (12, 2) and counts[1][1:] == counts[2][1:] == (6, 1), counts
+  assert counts[1][0] + counts[2][0] == counts[0][0] and min(counts[1][0], counts[2][0]) > 0
+
+
+def _examples_read(err):
+  """(examples, micro-batches, local replicas) of the trainer's closing input line."""
+  found = re.search(r"input: this process read (\d+) examples in (\d+) micro-batches of the "
+                    r"training stream \(its (\d+) of \d+ replicas\)", err)
+  assert found, err[-2000:]
+  return tuple(int(x) for x in found.groups())
 
 
 def _two_workers(data_dir, output_dir, train_steps):
@@ -119,31 +130,65 @@ def _remove_checkpoint(directory, name, state_too=False):
       os.remove(os.path.join(directory, file))
 
 
-def test_workers_with_no_checkpoint_in_common_stop_with_one_error(two_worker_run,
-                                                                  sampled_data, tmp_path):
+def test_a_stale_workers_folder_cannot_roll_a_run_back(two_worker_run, sampled_data,
+                                                      tmp_path):
+  """A run of an earlier version kept the other workers' checkpoints in workers/<task>; an
+  old one there (ckpt-4) does not pull the run back: both resume from the chief's ckpt-12,
+  and the folder is left as it was."""
   workers_dir = str(tmp_path / "workers")
   shutil.copytree(two_worker_run["workers_dir"], workers_dir)
-  for name in ("ckpt-4", "ckpt-8", "ckpt-12"):  # the chief's run directory lost all its checkpoints
-    _remove_checkpoint(workers_dir, name, state_too=True)
-  for index, (process, _, err) in enumerate(_two_workers(sampled_data, workers_dir,
-                                                         train_steps=4)):
-    # Both find the same: each says so, as a usage error (or, had the other's report
-    # reached it first, as the other's error).
-    assert process.returncode in (1, 2), err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"t2t-lite-trainer: error: worker-{index}: "), last
-    assert ("the workers' checkpoints have none in common (newest by worker: [0, 12]"
-            in last), last
-    assert "Traceback" not in err
+  stale = os.path.join(workers_dir, "workers", "worker-1")
+  os.makedirs(stale)
+  for name in os.listdir(workers_dir):
+    if name.startswith("ckpt-4."):
+      shutil.copy(os.path.join(workers_dir, name), stale)
+  before = sorted(os.listdir(stale))
+  for process, _, err in _two_workers(sampled_data, workers_dir, train_steps=4):
+    assert process.returncode == 0, err[-3000:]
+    assert f"resumed from {workers_dir}/ckpt-12: update 3" in err, err[-3000:]
+    assert "update 4/4 (micro-step 8)" in err
+  assert sorted(os.listdir(stale)) == before
 
 
-def test_a_signal_to_one_worker_the_loss_of_another_and_a_lost_checkpoint(
+def test_workers_that_differ_or_share_no_output_dir_are_refused(sampled_data,
+                                                                 multi30k_data, tmp_path):
+  """A worker with another --train_steps and another vocabulary: both workers stop before
+  training with one line naming both; a worker whose --output_dir is not the chief's (no
+  shared filesystem) likewise."""
+  output_dir = str(tmp_path / "run")
+  flags = [flag for flag in _flags(sampled_data) if not flag.startswith("--data_dir")]
+  other = {1: [f"--data_dir={multi30k_data}", "--train_steps=4"]}
+  for worker in wait(start_workers([*flags, f"--output_dir={output_dir}"],
+                                   flags_by_worker={0: [f"--data_dir={sampled_data}",
+                                                        "--train_steps=3"], **other})):
+    assert worker.process.returncode == 2, worker.err[-3000:]
+    assert "Traceback" not in worker.err
+    assert re.fullmatch(r"t2t-lite-trainer: error: worker-\d: the workers differ in --train_steps, "
+                        r"the data \(its manifest\) \(this worker: --train_steps=\d; the data "
+                        r"\(its manifest\)=[0-9a-f]{64}\); start every worker with the same "
+                        r"flags, hparams, data and program", worker.lines[-1]), worker.lines[-1]
+  assert not os.path.exists(os.path.join(output_dir, "hparams.json"))
+  elsewhere = {1: [f"--output_dir={tmp_path / 'elsewhere'}"]}
+  for index, worker in enumerate(wait(start_workers(
+      [*flags, f"--data_dir={sampled_data}", "--train_steps=3"],
+      flags_by_worker={0: [f"--output_dir={output_dir}"], **elsewhere}))):
+    assert worker.process.returncode == 2, worker.err[-3000:]
+    assert worker.lines[-1] == (
+        f"t2t-lite-trainer: error: worker-{index}: "
+        f"{'this' if index else 'another'} worker cannot see the files the chief writes in "
+        f"--output_dir={output_dir if index == 0 else tmp_path / 'elsewhere'}; every worker "
+        "resumes from the chief's checkpoints, so --output_dir must be on a filesystem all "
+        "workers share"), worker.lines[-1]
+
+
+def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1_process(
     two_worker_run, sampled_data, tmp_path):
   """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and
   save. Resumed, worker 1 is SIGKILLed in update 3: worker 0 exits with one line naming it,
-  within 60 s. Then worker 1 loses its newest checkpoint (ckpt-8): resumed again, both
-  start from ckpt-4, the newest they all have (the chief from ckpt-8 and worker 1 from ckpt-4
-  would hang the job in its collectives), and the pair ends where an unbroken run ends."""
+  within 60 s. The run then moves, with the same tokens per update, to 4 workers (n = 1)
+  for update 3 and to one process (n = 4) for update 4, and ends where a run of 2 mirrored
+  replicas never stopped or moved ends; each of the 4 workers read 1 of the update's 4
+  micro-batches."""
   output_dir = str(tmp_path / "run")
   flags = [*_flags(sampled_data), "--train_steps=3", "--save_checkpoints_steps=1",
            f"--output_dir={output_dir}"]
@@ -161,12 +206,20 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_a_lost_checkpoint(
                                     "worker-1 went away"), chief.lines[-1]
   assert chief.ended - other.ended < 60
 
-  _remove_checkpoint(os.path.join(output_dir, "workers", "worker-1"), "ckpt-8")
-  for worker in finish(start_workers(flags)):
-    assert ("workers' newest checkpoints disagreed (ckpt-N by worker: [8, 4]); all "
-            "resume from ckpt-4") in worker.err, worker.err[-3000:]
-    assert "update 2/3 (micro-step 4)" in worker.err and "update 3/3 (micro-step 6)" in worker.err
-  expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
+  one_step = [f"{flag},optimizer_multistep_accumulate_steps=1" if flag.startswith("--hparams=")
+              else flag for flag in flags]
+  for worker in finish(start_workers(one_step, count=4)):
+    assert f"resumed from {output_dir}/ckpt-8: update 2" in worker.err, worker.err[-3000:]
+    assert "resumed on another layout: from 2 replicas x 2 micro-steps per update to 4 " \
+           "replicas x 1 micro-step per update" in worker.err
+    assert _examples_read(worker.err)[1:] == (1, 1)
+  four_steps = [f"{flag},optimizer_multistep_accumulate_steps=4"
+                if flag.startswith("--hparams=") else flag for flag in flags
+                if not flag.startswith("--train_steps")]
+  cli("t2t-lite-trainer", *four_steps, "--train_steps=4", check=True)
+  cli("t2t-lite-trainer", *_flags(sampled_data), "--train_steps=4", "--strategy=mirrored",
+      "--cpu_replicas=2", f"--output_dir={tmp_path / 'unbroken'}", check=True)
+  expected, got = _final_values(str(tmp_path / "unbroken")), _final_values(output_dir)
   scale = max(float(np.abs(v).max()) for v in expected.values())
   assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5
 

@@ -36,7 +36,7 @@ def _older_checkpoint(tmp_path, micro_steps, steps=2):
 def _restored(path, steps=2):
   learner = Learner(tiny_hparams(), VOCAB, steps, seed=2)
   names = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
-  lacks = formats.checkpoint_lacks(path, names, replicas=1)
+  lacks = formats.checkpoint_lacks(path, names)
   tf.train.Checkpoint(**{k: v for k, v in learner.trackables().items() if k not in lacks}
                       ).read(path).assert_existing_objects_matched()
   return learner, lacks
@@ -67,12 +67,28 @@ def test_an_older_checkpoint_on_other_accumulate_steps_is_refused_with_the_value
                              {"hparams": {"optimizer_multistep_accumulate_steps": 4}}, path)
 
 
-def test_per_replica_data_shards_cannot_continue_on_more_replicas():
-  with pytest.raises(UsageError, match="each read their own data shard"):
-    formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0", "iterator_1"}, 1)
-  with pytest.raises(UsageError, match="each read their own data shard"):
-    formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0"}, 2)
-  assert formats.checkpoint_lacks("run/ckpt-3", {"model", "layout", "in_update"}, 2) == set()
+def test_a_tf_data_iterator_is_refused_unless_the_stream_may_change():
+  for names in ({"model", "iterator_0", "layout", "in_update"},
+                {"model", "iterator_0", "iterator_1"}):
+    with pytest.raises(UsageError, match=r"checkpoint run/ckpt-3 holds its data position as a "
+                       r"tf.data iterator \(written by an earlier t2t-lite\), which the planned "
+                       r"training stream cannot continue exactly; pass --allow_stream_change"):
+      formats.checkpoint_lacks("run/ckpt-3", names)
+  assert formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0", "iterator_1"},
+                                  allow_stream_change=True) == {"in_update", "layout"}
+  assert formats.checkpoint_lacks("run/ckpt-3", {"model", "layout", "in_update"}) == set()
+
+
+def test_a_run_record_drops_the_hparams_no_version_reads():
+  record = formats.run_record({"hparams": {"shuffle_buffer_size": 20000, "batch_size": 64}})
+  assert record["hparams"] == {"batch_size": 64, "subword_sampling_start": 0,
+                               "subword_sampling_min_updates": 0}
+  from t2t_lite import registry
+  hparams = registry.hparams("transformer_tiny")
+  with pytest.raises(UsageError, match=r"hparam 'shuffle_buffer_size' is no longer read: "
+                     r"training batches are planned from a global shuffle of every epoch "
+                     r"\(t2t_lite.stream\), which needs no buffer; drop it"):
+    hparams.parse("shuffle_buffer_size=100")
 
 
 def test_a_run_record_from_before_the_data_record_reads_as_not_recorded(tmp_path):

@@ -5,12 +5,14 @@ Every registered set has exactly the hparams of `basic_params`, so walking them 
 shrunken set covers every set; each registered set itself must pass the check as it is.
 """
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from t2t_lite.configs.transformer import basic_params
-from t2t_lite import data, hparams_check, registry, steps
+from t2t_lite import hparams_check, registry, steps
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.learner import Learner
 from t2t_lite.models import transformer
@@ -35,7 +37,7 @@ def small():
   hparams = registry.hparams("transformer_tiny")
   hparams.override_from_dict(dict(
       hidden_size=16, filter_size=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-      batch_size=64, max_length=32, shuffle_buffer_size=50, learning_rate_warmup_steps=4))
+      batch_size=64, max_length=32, learning_rate_warmup_steps=4))
   return hparams
 
 
@@ -83,13 +85,23 @@ def _guard(hparams, train_file):
   return tolerated
 
 
-def _batches(hparams, train_file):
-  return list(data.train_dataset([train_file], hparams, seed=1).take(2))
+def _batches(hparams, train_file, pad_to_bucket_boundary=False):
+  """Two training batches of the planned stream; padded to their bucket (--xla_compile), the
+  batches that tensor2tensor's bucket hparams shape."""
+  from t2t_lite.problems import store
+  from t2t_lite.stream import Batching, TrainingStream
+  folder = os.path.dirname(train_file)
+  info = store.write([train_file], folder, "train", VOCAB)
+  stream = TrainingStream([store.ExampleStore(folder, info)],
+                          Batching.of(hparams, pad_to_bucket_boundary), 1, 1, [0])
+  batches = [stream.micro_batches(m)[0] for m in range(2)]
+  stream.close()
+  return [{k: tf.constant(v) for k, v in b.items()} for b in batches]
 
 
 def _data(hparams, train_file):
   return [(b["inputs"].numpy().tolist(), b["targets"].numpy().tolist())
-          for b in _batches(hparams, train_file)]
+          for padded in (False, True) for b in _batches(hparams, train_file, padded)]
 
 
 def _model(hparams, train_file):
@@ -165,7 +177,7 @@ def test_every_hparam_is_read_or_refused(train_file):
   assert read_by["dropout_ramp_end"] == "_optimizer"
   assert read_by["max_consecutive_nonfinite"] == "_guard"
   assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"
-  assert read_by["shuffle_buffer_size"] == "_data" and read_by["label_smoothing"] == "_model"
+  assert read_by["min_length_bucket"] == "_data" and read_by["label_smoothing"] == "_model"
 
 
 def test_post_norm_is_the_papers_block(train_file):

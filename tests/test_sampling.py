@@ -175,7 +175,7 @@ def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
   from absl import logging
   from t2t_lite.errors import UsageError
   plain = _trainer(multi30k_data, tmp_path / "plain", start=1000)
-  assert list(plain.iterators) == ["iterator_0"]
+  assert plain._splits == ["train"] and len(plain.stream.stores) == 1
   said = []
   monkeypatch.setattr(logging, "info", lambda message, *args: said.append(message % args))
   plain._start_sampling(0)  # noqa: SLF001 (what the loop logs at its start)

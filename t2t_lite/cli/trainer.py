@@ -182,7 +182,7 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
                                                         FLAGS.slurm_port_base)
     replicas = strategy.num_replicas_in_sync
     if FLAGS.strategy == "multi_worker":
-      distribute.agree(strategy, task, _settings(problem, hparams, data_dir, seed))
+      distribute.agree(strategy, _settings(problem, hparams, data_dir, seed))
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
   vocab_size = problem.vocab_size_in(data_dir)
   params = rundir.parameter_count(hparams, vocab_size)
@@ -256,7 +256,8 @@ def _settings(problem, hparams, data_dir: str, seed: int) -> dict[str, str]:
   from t2t_lite.problems.base import file_sha256
   names = {flag.name for module in ("t2t_lite.cli.trainer", "t2t_lite.cli.common")
            for flag in FLAGS.flags_by_module_dict().get(module, [])}
-  settings = {f"--{name}": FLAGS[name].value for name in names - {"data_dir", "output_dir", "debug"}}
+  names -= {"data_dir", "output_dir", "debug"}
+  settings = {f"--{name}": FLAGS[name].value for name in names}
   settings.update({f"hparams.{name}": value for name, value in hparams.values().items()})
   package = os.path.dirname(t2t_lite.__file__)
   sources = sorted(os.path.join(folder, name) for folder, _, files in os.walk(package)

@@ -477,7 +477,8 @@ class TranslateProblem(abc.ABC):
       shutil.rmtree(os.path.join(data_dir, manifest["dir"]), ignore_errors=True)
       return
     names = [self.vocab_file("", manifest)] + [
-        name for split in manifest.get("splits", {}).values() for name in split.get("files", [])]
+        name for split in manifest.get("splits", {}).values()
+        for name in split.get("files", []) + split.get("store", {}).get("files", [])]
     for name in names:
       path = os.path.join(data_dir, os.path.basename(name))
       if os.path.isfile(path):

@@ -27,6 +27,7 @@ from t2t_lite.files import atomic_path
 
 SIDES = ("inputs", "targets")
 READ_BATCH = 4096  # records parsed at a time when the shards are read
+CHUNK = 1 << 20  # lengths copied at a time into the arrays
 
 
 def file_names(prefix: str) -> list[str]:
@@ -54,32 +55,51 @@ def _parsed_batches(shard_files: list[str]):
 
 def write(shard_files: list[str], folder: str, prefix: str, vocab_size: int) -> dict:
   """Writes the store of the split in `shard_files` into `folder`; returns its manifest
-  entry: files, their bytes, the examples and the id type."""
+  entry: files, their bytes, the examples and the id type. Memory holds READ_BATCH records
+  at a time, never the split: the lengths go to a scratch file first, then into the two
+  arrays, a chunk at a time."""
   dtype = id_dtype(vocab_size)
   names = file_names(prefix)
   paths = [os.path.join(folder, name) for name in names]
-  lengths, written = [], [0, 0]
+  lengths_raw = f"{paths[0]}.raw.tmp-{os.getpid()}"
+  try:
+    return _write(shard_files, paths, dtype, lengths_raw) | {"files": names}
+  finally:
+    if os.path.exists(lengths_raw):
+      os.remove(lengths_raw)
+
+
+def _write(shard_files: list[str], paths: list[str], dtype: np.dtype, lengths_raw: str) -> dict:
+  examples, written = 0, np.zeros(2, np.int64)
   with atomic_path(paths[2]) as inputs_tmp, atomic_path(paths[3]) as targets_tmp, \
-      open(inputs_tmp, "wb") as inputs_out, open(targets_tmp, "wb") as targets_out:
+      open(inputs_tmp, "wb") as inputs_out, open(targets_tmp, "wb") as targets_out, \
+      open(lengths_raw, "wb") as lengths_out:
     for source, source_lengths, target, target_lengths in _parsed_batches(shard_files):
       inputs_out.write(source.astype(dtype).tobytes())
       targets_out.write(target.astype(dtype).tobytes())
-      lengths.append(np.stack([source_lengths, target_lengths], axis=1))
-      written[0] += len(source)
-      written[1] += len(target)
-  lengths = (np.concatenate(lengths) if lengths else np.zeros((0, 2), np.int64))
-  if lengths.max(initial=0) > np.iinfo(np.int32).max:
-    raise ValueError("an example longer than 2**31 ids")
-  offsets = np.zeros((len(lengths) + 1, 2), np.int64)
-  np.cumsum(lengths, axis=0, out=offsets[1:])
-  if offsets[-1].tolist() != written:
-    raise ValueError(f"the store's offsets end at {offsets[-1].tolist()}, its id files hold "
-                     f"{written} ids")
-  for path, array in ((paths[0], lengths.astype(np.int32)), (paths[1], offsets)):
-    with atomic_path(path) as tmp, open(tmp, "wb") as out:
-      np.save(out, array)
-  return {"files": names, "bytes": [os.path.getsize(p) for p in paths],
-          "examples": len(lengths), "dtype": dtype.str}
+      lengths_out.write(np.stack([source_lengths, target_lengths], 1).astype("<i4").tobytes())
+      examples += len(source_lengths)
+      written += (len(source), len(target))
+    lengths_out.close()
+    raw = np.memmap(lengths_raw, "<i4", "r", shape=(examples, 2)) if examples else np.zeros(
+        (0, 2), "<i4")
+    with atomic_path(paths[0]) as lengths_tmp, atomic_path(paths[1]) as offsets_tmp:
+      lengths = np.lib.format.open_memmap(lengths_tmp, "w+", "<i4", (examples, 2))
+      offsets = np.lib.format.open_memmap(offsets_tmp, "w+", "<i8", (examples + 1, 2))
+      offsets[0] = 0
+      for start in range(0, examples, CHUNK):
+        chunk = raw[start:start + CHUNK]
+        lengths[start:start + len(chunk)] = chunk
+        offsets[start + 1:start + 1 + len(chunk)] = offsets[start] + np.cumsum(chunk, axis=0)
+      end = offsets[examples].tolist()
+      lengths.flush()
+      offsets.flush()
+      del lengths, offsets, raw
+      if end != written.tolist():
+        raise ValueError(f"the store's offsets end at {end}, its id files hold "
+                         f"{written.tolist()} ids")
+  return {"bytes": [os.path.getsize(p) for p in paths], "examples": examples,
+          "dtype": dtype.str}
 
 
 class ExampleStore:
