@@ -443,11 +443,14 @@ def test_shuffle_follows_the_seed(two_part_data, tmp_path):
 
 def test_datagen_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
   import tracemalloc
-  from t2t_lite.problems import shards, vocab
-  # Bounds small enough that 3,000 pairs already fill them: the sample, a chunk, a bucket.
+  from t2t_lite.problems import shards, store, vocab
+  # Bounds small enough that 3,000 pairs already fill them: the sample, a chunk, a bucket,
+  # the records the store parses at a time and the lengths it copies at a time.
   monkeypatch.setattr(vocab, "SAMPLE_SENTENCES", 2000)
   monkeypatch.setattr(shards, "CHUNK_PAIRS", 500)
   monkeypatch.setattr(shards, "BUCKET_PAIRS", 750)
+  monkeypatch.setattr(store, "READ_BATCH", 500)
+  monkeypatch.setattr(store, "CHUNK", 500)
   peaks, text_bytes = {}, {}
   for pairs in (300, 3000, 12000):  # the first run also allocates what stays (modules, caches)
     raw = tmp_path / f"raw{pairs}"
@@ -656,3 +659,44 @@ def test_sampled_data_of_the_earlier_form_is_kept_unless_overwritten_then_made_a
   for split, records in (("train_sampled", sampled), ("train", one_best)):
     assert [open(f, "rb").read() for f in problem.data_files(str(data_dir), split)] == records
   assert not os.path.exists(data_dir / manifest["dir"])  # the earlier folder is removed
+
+
+def test_data_made_before_the_store_is_refused_by_the_trainer_and_completed_by_datagen(
+    sampled_data, tmp_path):
+  """Data of an earlier datagen has no store of its training splits: the trainer refuses it
+  before TensorFlow starts, with the command that completes it; that command (the same
+  datagen again) adds the stores of both training splits beside the records, which it leaves
+  as they were, and the trainer then reads it."""
+  from conftest import NO_EVAL_FLAGS, SAMPLED_DATAGEN
+  problem = registry.problem("translate_ende_multi30k")
+  data_dir = tmp_path / "data"
+  shutil.copytree(sampled_data, data_dir)
+  manifest_path = data_dir / "translate_ende_multi30k.manifest.json"
+  manifest = json.loads(manifest_path.read_text())
+  for split in ("train", "train_sampled"):
+    for name in manifest["splits"][split].pop("store")["files"]:
+      (data_dir / manifest["dir"] / name).unlink()
+  manifest_path.write_text(json.dumps(manifest))
+  before = _digests(data_dir)
+  result = cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={data_dir}",
+               f"--output_dir={tmp_path / 'run'}", "--train_steps=2")
+  _assert_usage_error(result, f"{data_dir} was made by an earlier t2t-lite-datagen, without "
+                      "the store of its 'train' split that training reads by index; run the "
+                      "same t2t-lite-datagen command again")
+  added = cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}",
+              f"--tmp_dir={data_dir / 'raw'}", check=True)
+  assert ("added the store that training reads of train, train_sampled" in added.stdout)
+  after = _digests(data_dir)
+  assert {k: v for k, v in after.items() if k in before and "manifest" not in k} == {
+      k: v for k, v in before.items() if "manifest" not in k}
+  assert sorted(set(after) - set(before)) == sorted(
+      f"{manifest['dir']}/translate_ende_multi30k-{split}.{part}"
+      for split in ("train", "train_sampled")
+      for part in ("lengths.npy", "offsets.npy", "inputs.ids", "targets.ids"))
+  fresh = problem.manifest(sampled_data)["splits"]
+  again = problem.manifest(str(data_dir))["splits"]
+  assert all(again[split]["store"] == fresh[split]["store"] for split in ("train", "train_sampled"))
+  assert "nothing to do" in cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}",
+                                f"--tmp_dir={data_dir / 'raw'}", check=True).stdout
+  cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={data_dir}",
+      f"--output_dir={tmp_path / 'run'}", "--train_steps=2", check=True)

@@ -143,3 +143,43 @@ def test_an_average_from_before_averages_recorded_their_update_is_refused(tmp_pa
   current = tf.train.Checkpoint(update_step=tf.Variable(12, dtype=tf.int64)).write(
       str(tmp_path / "current" / "ckpt-9"))
   assert formats.checkpoint_update(current) == 12
+
+
+def test_a_run_whose_checkpoint_holds_a_tf_data_iterator_resumes_only_when_allowed(
+    tiny_run, tmp_path):
+  """A checkpoint as earlier versions wrote it (the data position a tf.data iterator) is
+  refused with what to do; with --allow_stream_change the run goes on from its update on the
+  planned stream."""
+  import shutil
+  from conftest import TINY_FLAGS, cli
+  from t2t_lite import registry, steps
+  from t2t_lite.decide import Checkpointing, Evaluation
+  from t2t_lite.train import RunOptions, Trainer
+  run = tmp_path / "run"
+  shutil.copytree(tiny_run["output_dir"], run)
+  hparams = tiny_hparams(optimizer_multistep_accumulate_steps=2)
+  trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
+                    steps.plan(hparams, 1, 4),
+                    RunOptions(output_dir=str(run), data_dir=tiny_run["data_dir"], seed=7,
+                               evaluation=Evaluation(frequency=0),
+                               checkpointing=Checkpointing(save_steps=0)))
+  assert trainer.restore()
+  older = tf.train.Checkpoint(**trainer.checkpoints.objects,
+                              iterator_0=iter(tf.data.Dataset.range(10).shuffle(5, seed=1)))
+  manager = tf.train.CheckpointManager(older, str(run), max_to_keep=None)
+  path = manager.save(checkpoint_number=9)  # the newest, listed in the state file
+  flags = [*TINY_FLAGS, f"--data_dir={tiny_run['data_dir']}", f"--output_dir={run}",
+           "--train_steps=5"]
+  refused = cli("t2t-lite-trainer", *flags)
+  assert refused.returncode == 2, refused.stderr[-2000:]
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"t2t-lite-trainer: error: checkpoint {path} holds its data position as a tf.data "
+      "iterator (written by an earlier t2t-lite), which the planned training stream cannot "
+      "continue exactly; pass --allow_stream_change to resume it at its update on the planned "
+      "stream (other batches than it would have read), or finish the run with the version "
+      "that wrote it")
+  resumed = cli("t2t-lite-trainer", *flags, "--allow_stream_change", check=True)
+  assert f"checkpoint {path} held a tf.data iterator: resumed on the planned stream" \
+      in resumed.stderr
+  assert f"resumed from {path}: update 4, micro-step 8" in resumed.stderr
+  assert "trained 5 updates (10 micro-steps)" in resumed.stdout

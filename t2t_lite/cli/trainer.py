@@ -120,6 +120,7 @@ def _join_and_report(err: Exception) -> str | None:
 def _resolve():
   """Everything that needs no TensorFlow: flags, names, the run's record."""
   from t2t_lite import registry, rundir
+  from t2t_lite.problems.base import TRAINING_SPLITS
 
   if not FLAGS.dry_run:
     common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
@@ -160,6 +161,8 @@ def _resolve():
     for split in problem.manifest(data_dir)["splits"]:
       if split != "test":
         problem.data_files(data_dir, split)
+      if split in TRAINING_SPLITS:  # and the store training reads them from
+        problem.store_info(data_dir, split)
     rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
     rundir.check_training_data(previous, problem, data_dir, FLAGS.output_dir)
     if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem

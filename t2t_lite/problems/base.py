@@ -253,16 +253,22 @@ class TranslateProblem(abc.ABC):
 
   def training_store(self, data_dir: str, split: str) -> store_lib.ExampleStore:
     """The store of training split `split` (checked as data_files checks the shards)."""
-    self.data_files(data_dir, split)
     manifest = self.manifest(data_dir)
-    info = manifest["splits"][split]
+    return store_lib.ExampleStore(self.files_dir(data_dir, manifest),
+                                  self.store_info(data_dir, split))
+
+  def store_info(self, data_dir: str, split: str) -> dict:
+    """The manifest's entry of training split `split`'s store, its files checked; a usage
+    error saying what to do for data made before the store."""
+    self.data_files(data_dir, split)
+    info = self.manifest(data_dir)["splits"][split]
     if "store" not in info:
       raise UsageError(
           f"{data_dir} was made by an earlier t2t-lite-datagen, without the store of its "
           f"'{split}' split that training reads by index; run the same t2t-lite-datagen "
           f"command again (--problem={self.name} --data_dir={data_dir} --tmp_dir=<its raw "
           "data>): it adds the store beside the records it keeps")
-    return store_lib.ExampleStore(self.files_dir(data_dir, manifest), info["store"])
+    return info["store"]
 
   def _check_sizes(self, files: list[str], sizes: list) -> None:
     for path, size in zip(files, sizes):
