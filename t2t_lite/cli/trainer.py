@@ -253,13 +253,14 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
 
 def _settings(problem, hparams, data_dir: str, seed: int) -> dict[str, str]:
   """What every worker of a cluster must share (distribute.agree): the trainer's flags (the
-  paths excepted: the data is compared by its manifest, and a node may mount it elsewhere),
-  the resolved hparams and seed, the data's manifest and the program."""
+  paths excepted: the data is compared by its manifest, and a node may mount it elsewhere;
+  and --hparams, whose resolved values are compared, in any order given), the hparams and
+  seed, the data's manifest and the program."""
   import t2t_lite
   from t2t_lite.problems.base import file_sha256
   names = {flag.name for module in ("t2t_lite.cli.trainer", "t2t_lite.cli.common")
            for flag in FLAGS.flags_by_module_dict().get(module, [])}
-  names -= {"data_dir", "output_dir", "debug"}
+  names -= {"data_dir", "output_dir", "debug", "hparams"}
   settings = {f"--{name}": FLAGS[name].value for name in names}
   settings.update({f"hparams.{name}": value for name, value in hparams.values().items()})
   package = os.path.dirname(t2t_lite.__file__)
