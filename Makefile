@@ -36,7 +36,7 @@ install: $(STAMP)
 TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check --no-cache .
-	if [ "$$(id -u)" = 0 ]; then bash data_scripts/slurm_local_up.sh; fi
+	if [ "$$(id -u)" = 0 ]; then bash data_scripts/slurm_local_up.sh || exit 1; export T2T_LITE_SLURM_EXPECTED=1; fi; \
 	$(BIN)/python -m pytest tests $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 train: $(STAMP)

@@ -252,6 +252,22 @@ def _mismatches(objects: dict, path: str) -> list[str]:
   return found
 
 
+def cluster_warm_start_source(source: str, is_chief: bool, from_chief) -> str:
+  """The checkpoint that --warm_start_from=`source` names on a cluster, resolved once, by
+  the chief (`from_chief(values)`: its values on every worker): a run's newest checkpoint
+  may change while the workers start, and all must read the same."""
+  number = 0.0
+  if is_chief:
+    path = warm_start_source(source)
+    if os.path.isdir(source):
+      if not os.path.basename(path).startswith("ckpt-"):
+        raise UsageError(f"--warm_start_from={source}: its newest checkpoint {path} is not "
+                         "a t2t-lite ckpt-N; on a cluster give the checkpoint prefix itself")
+      number = float(checkpoint_number(path))
+  number = int(from_chief([number])[0])
+  return os.path.join(source, f"ckpt-{number}") if os.path.isdir(source) else source
+
+
 def warm_start(learner, path: str, with_optimizer: bool = False, source: str = "") -> None:
   """A new run starts from the model weights of the checkpoint `path` (see
   warm_start_source; `source`: what the user named) and, with `with_optimizer`, from Adam's

@@ -109,6 +109,13 @@ def make_strategy(name: str, cpu_replicas: int = 1,
   return tf.distribute.get_strategy(), True, "chief"
 
 
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list[int]:
+  """The replica numbers (in the whole cluster) of this process's devices."""
+  ids = strategy.experimental_distribute_values_from_function(
+      lambda context: context.replica_id_in_sync_group)
+  return [int(i) for i in strategy.experimental_local_results(ids)]
+
+
 def tasks_per_node(spec: str) -> list[int]:
   """Slurm's tasks-per-node list, e.g. '2(x3),1' -> [2, 2, 2, 1]."""
   counts = []

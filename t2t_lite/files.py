@@ -1,23 +1,72 @@
 """Files and directories that appear whole or not at all: written under a temporary name,
-then renamed; and the check that an output does not overlap an input."""
+synced, then renamed; and the check that an output does not overlap an input.
+
+Temporary names carry their writer's tag, `<host>-<pid>`: on a shared filesystem a writer
+on another node is never taken for a stopped one (its pid means nothing here), so only
+temporaries of this host's processes that are gone are ever removed (`stale`). Names of
+earlier versions carry the pid alone and are judged as this host's.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import errno
+import functools
 import os
+import re
 import shutil
+import socket
 import tempfile
+
+# A writer's tag in a name: the host (letters, digits and _) and the pid, or the pid alone.
+TAG = r"(?:[A-Za-z0-9_]+-)?\d+"
+
+
+@functools.cache
+def _host() -> str:
+  return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+
+
+def writer_tag() -> str:
+  """This process's tag for temporary names: `<host>-<pid>`."""
+  return f"{_host()}-{os.getpid()}"
+
+
+def stale(tag: str) -> bool:
+  """Whether the writer of `tag` (see TAG) is a process of this host that is gone."""
+  host, _, pid = tag.rpartition("-")
+  if (host and host != _host()) or not pid.isdigit() or int(pid) == os.getpid():
+    return False
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return True
+  except PermissionError:
+    pass
+  return False
+
+
+def _sync(path: str) -> None:
+  """Flushes what was written to `path` (a file or a folder) to the disk."""
+  descriptor = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(descriptor)
+  finally:
+    os.close(descriptor)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str):
-  """Yields a temporary path beside `path`; renames it to `path` if the block succeeds."""
-  tmp = f"{path}.tmp-{os.getpid()}"
+  """Yields a temporary path beside `path`; if the block succeeds, syncs the file, renames it
+  to `path` and syncs the folder, so that after a crash `path` holds the old bytes or all of
+  the new ones."""
+  tmp = f"{path}.tmp-{writer_tag()}"
   try:
     yield tmp
+    _sync(tmp)
     os.replace(tmp, path)
+    _sync(os.path.dirname(os.path.abspath(path)))
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -62,15 +111,8 @@ def _remove_stale_temporaries(parent: str, prefix: str) -> None:
   for name in os.listdir(parent):
     if not name.startswith(prefix) or name.endswith(".old"):
       continue  # a moved-aside previous directory is never removed unasked
-    pid = name[len(prefix):].split(".", 1)[0]
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      os.kill(int(pid), 0)
-    except ProcessLookupError:
+    if stale(name[len(prefix):].split(".", 1)[0]):
       shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    except PermissionError:
-      pass
 
 
 @contextlib.contextmanager
@@ -87,7 +129,7 @@ def atomic_directory(path: str, before_rename=None):
   os.makedirs(parent, exist_ok=True)
   prefix = f".{name}.tmp-"
   _remove_stale_temporaries(parent, prefix)
-  tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=parent)
+  tmp = tempfile.mkdtemp(prefix=f"{prefix}{writer_tag()}.", dir=parent)
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make the result private

@@ -3,7 +3,8 @@ here, as it is read, or refused with what to do; the rest of the code sees the c
 format only.
 
 - Run records (`hparams.json`): runs from before the data record and the seed have `data`
-  and `random_seed` set to None (nothing to compare; the --random_seed flag applies); the
+  and `random_seed` set to None (nothing to compare; the --random_seed flag applies), and
+  from before the time budget was recorded `train_minutes` None (--train_minutes applies); the
   hparams no version reads any more (hparams.RETIRED) are dropped; runs
   from before `subword_sampling_start` and `subword_sampling_min_updates` have them 0 (they
   read their training split, sampled or not, from the start).
@@ -44,7 +45,7 @@ def run_record(meta: dict | None) -> dict | None:
   """The current form of a run record (None stays None: no run there)."""
   if meta is None:
     return None
-  meta = {"data": None, "random_seed": None, **meta}
+  meta = {"data": None, "random_seed": None, "train_minutes": None, **meta}
   if isinstance(meta.get("hparams"), dict):
     # Runs from before the switch read one stream from the start: sampled, if it was.
     meta["hparams"] = {"subword_sampling_start": 0, "subword_sampling_min_updates": 0,

@@ -17,7 +17,7 @@ from t2t_lite.hparams import HParams
 
 META_FILE = "hparams.json"
 # Resuming may change these as long as the tokens per update stay the same (another replica
-# count, say): the trainer checks that against the checkpoint (train.Trainer._check_layout).
+# count, say): the trainer checks that against the checkpoint (layouts.check).
 LAYOUT_HPARAMS = ("optimizer_multistep_accumulate_steps",)
 DEFAULT_SET = "transformer_multi30k_cpu"
 
@@ -178,3 +178,12 @@ def check_data(meta: dict | None, problem, data_dir: str, what: str,
         f"from {meta.get('data_dir', '?')}) than the one in {data_dir} (sha256 "
         f"{current[:12]}); give the --data_dir it was trained on, or "
         "prepare that data again")
+
+
+def train_minutes(meta: dict | None, given: float | None) -> float:
+  """The run's time budget: `given` (--train_minutes), or, not given, what the run recorded
+  (a budget counts the run's training time, so a resumed run goes on with it rather than
+  with none, with which its cooldown's end would be fixed at --train_steps); 0: none."""
+  if given is not None:
+    return given
+  return (meta or {}).get("train_minutes") or 0.0

@@ -103,7 +103,7 @@ def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k
   trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2,
                               optimizer_multistep_accumulate_schedule=str(accumulate))
   first = trainer.train()
-  assert trainer._pace.schedule == accumulate  # the projection counts the longer updates
+  assert trainer.run_plan.pace.schedule == accumulate  # the projection counts the longer updates
   assert first["micro_steps"] == accumulate.micro_steps(first["updates"]), first
   end = int(trainer.learner.cooldown_end.numpy())
   assert 10 < end < 10 ** 5, first  # checks at updates 5 (the pace starts), 10, ...
@@ -150,7 +150,7 @@ def test_a_budget_split_over_two_processes_counts_the_runs_training_time(multi30
   import tensorflow as tf
   output_dir = tmp_path / "run"
   first, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2)
-  threading.Timer(4.0, first.request_stop, (signal.SIGTERM,)).start()
+  threading.Timer(4.0, first.stops.request, (signal.SIGTERM,)).start()
   stopped = first.train()
   assert stopped["stop_reason"] == "signal 15" and int(first.learner.cooldown_end.numpy()) == 0
   spent = float(tf.train.load_checkpoint(stopped["checkpoint"]).get_tensor(

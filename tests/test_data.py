@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -30,13 +29,11 @@ def test_multi30k_manifest(multi30k_data):
 
 def test_second_datagen_run_does_nothing(multi30k_data):
   before = {f: os.path.getmtime(os.path.join(multi30k_data, f)) for f in os.listdir(multi30k_data)}
-  start = time.time()
   result = cli("t2t-lite-datagen", "--problem=translate_ende_multi30k",
                f"--data_dir={multi30k_data}", f"--tmp_dir={multi30k_dir()}", check=True)
   assert "up to date with its inputs; nothing to do" in result.stdout
   after = {f: os.path.getmtime(os.path.join(multi30k_data, f)) for f in os.listdir(multi30k_data)}
   assert before == after
-  assert time.time() - start < 30
 
 
 def test_sentencepiece_round_trip(multi30k_data):
@@ -187,11 +184,11 @@ def test_unknown_problem_suggests(tmp_path):
 
 
 def test_wmt14_unprepared_fails_fast(tmp_path):
-  start = time.time()
+  """Offline, tensorflow-datasets would retry the download for minutes: a hang past the
+  timeout fails this test (subprocess.TimeoutExpired)."""
   result = cli("t2t-lite-datagen", "--problem=translate_ende_wmt14",
-               f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={tmp_path / 'tfds'}")
+               f"--data_dir={tmp_path / 'out'}", f"--tmp_dir={tmp_path / 'tfds'}", timeout=60)
   _assert_usage_error(result, "wmt14_translate/de-en is not prepared", "prepare_wmt14_ende.sh")
-  assert time.time() - start < 60
 
 
 def _prepared_wmt14_stand_in(tfds_dir, monkeypatch, pairs=300):

@@ -119,16 +119,37 @@ def test_a_run_resumed_at_its_end_stops_at_once():
                                                                     stop=TRAIN_STEPS)
 
 
+FLAGS = ("signal", "out_of_time", "timed_save")
+
+
+def _summed(asked_by_worker: dict) -> dict:
+  """What every worker reads after each update: the cross-replica sum of the flags each
+  worker sent with it (those it raised after the update before), as learner.read_agreed
+  turns the sum into flags."""
+  updates = {update + 1 for asked in asked_by_worker.values() for update in asked}
+  summed = {}
+  for update in updates:
+    sent = [asked.get(update - 1, NOTHING) for asked in asked_by_worker.values()]
+    totals = [sum(float(getattr(flags, name)) for flags in sent) for name in FLAGS]
+    summed[update] = Agreed(*(total > 0 for total in totals))
+  return summed
+
+
 def test_two_workers_act_together_on_what_each_asked_alone():
-  """Worker 1 gets SIGTERM after update 6 and worker 0's time budget runs out after update
-  8. Each sends its flags in the next update's sum; both act on the sum after update 7:
-  the same actions at the same updates, where alone they would have stopped at 6 and 8."""
-  local = {0: {8: Agreed(out_of_time=True)}, 1: {6: Agreed(signal=True)}}
-  sent = {update + 1: flags for asked in local.values() for update, flags in asked.items()}
-  summed = {update: Agreed(signal=flags.signal, out_of_time=flags.out_of_time)
-            for update, flags in sent.items()}
+  """After update 3 worker 0's timed save is due and worker 1 wants one too; after update 6
+  worker 1 gets SIGTERM while worker 0's time budget runs out. Each sends its flags in the
+  next update's sum: both save once after update 4, and both act on the signal and the
+  budget together after update 7 (the signal named), where alone they would have stopped
+  at 6."""
+  local = {0: {3: Agreed(timed_save=True), 6: Agreed(out_of_time=True)},
+           1: {3: Agreed(timed_save=True), 6: Agreed(signal=True)}}
+  summed = _summed(local)
+  assert summed == {4: Agreed(timed_save=True), 7: Agreed(signal=True, out_of_time=True)}
   together = [run(SCHEDULE, agreed_at=summed) for _ in local]
   assert together[0] == together[1]
-  assert together[0][0][-1] == (7, Actions(log=True, save=True, stop=SIGNAL))
-  alone = [run(SCHEDULE, agreed_at=local[worker])[0][-1][0] for worker in local]
-  assert alone == [8, 6]
+  assert together[0][0] == [(4, Actions(log=True, save=True)),
+                            (5, Actions(save=True, evaluate=True)),
+                            (7, Actions(log=True, save=True, stop=SIGNAL))], together
+  alone = [run(SCHEDULE, agreed_at=local[worker]) for worker in local]
+  assert [stop for _, stop in alone] == [TIME_BUDGET, SIGNAL]
+  assert [done[-1][0] for done, _ in alone] == [6, 6]

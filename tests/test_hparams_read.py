@@ -16,7 +16,7 @@ from t2t_lite import hparams_check, registry, steps
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.learner import Learner
 from t2t_lite.models import transformer
-from t2t_lite.train import NonFiniteGuard
+from t2t_lite.train_log import NonFiniteGuard
 
 VOCAB = 40
 # Changed values for hparams whose generic change (+0.05 or x 0.5, +1, not, +"x")

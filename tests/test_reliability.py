@@ -3,7 +3,6 @@
 import os
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -53,7 +52,6 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(sampled_data, tm
   having logged the same loss at every update; before and after it switched from the one
   best segmentation to the sampled ones (subword_sampling_start=3), and across the switch."""
   from test_train import _scalars
-  start = time.time()
   straight = str(tmp_path / "straight")
   log = open(tmp_path / "straight.log", "w")  # a file: an unread pipe could fill and stall it
   unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *SWITCH_FLAGS,
@@ -94,7 +92,6 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(sampled_data, tm
   assert expected.keys() == got.keys()
   worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
   assert worst <= 1e-6, worst
-  assert time.time() - start < 170
 
 
 def test_nonfinite_updates_are_skipped_counted_and_too_many_stop_the_run(multi30k_data,

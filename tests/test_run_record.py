@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from conftest import TINY_FLAGS, cli, vocab_path
+from t2t_lite import rundir
 
 
 @pytest.fixture
@@ -130,3 +131,17 @@ def test_a_checkpoint_of_another_shape_is_named_not_called_damaged(run_copy):
   last = _one_line_error(result, "is of another model shape (model/", "t2t-lite-trainer")
   assert "!= ours" in last and "damaged" not in last
   assert "this model has filter_size=96 (recorded 512)" in last, last
+
+
+def test_a_resumed_run_keeps_the_time_budget_it_recorded(tiny_run):
+  """A budget counts the run's training time: resumed without --train_minutes, a run goes on
+  with the budget it recorded (without one its cooldown's end would be fixed at the default
+  --train_steps); given, the flag wins; a record from before budgets were recorded has none."""
+  from t2t_lite import formats
+  assert rundir.read_meta(tiny_run["output_dir"])["train_minutes"] == 0.0
+  recorded = formats.run_record({"hparams": {}, "train_minutes": 25.0})
+  assert rundir.train_minutes(recorded, None) == 25.0
+  assert rundir.train_minutes(recorded, 30.0) == 30.0 and rundir.train_minutes(recorded, 0.0) == 0
+  older = formats.run_record({"hparams": {}})
+  assert older["train_minutes"] is None and rundir.train_minutes(older, None) == 0.0
+  assert rundir.train_minutes(None, None) == 0.0

@@ -175,10 +175,10 @@ def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
   from absl import logging
   from t2t_lite.errors import UsageError
   plain = _trainer(multi30k_data, tmp_path / "plain", start=1000)
-  assert plain._splits == ["train"] and len(plain.stream.stores) == 1
+  assert plain.run_plan.splits == ["train"] and len(plain.stream.stores) == 1
   said = []
   monkeypatch.setattr(logging, "info", lambda message, *args: said.append(message % args))
-  plain._start_sampling(0)  # noqa: SLF001 (what the loop logs at its start)
+  plain.run_plan.start(0)  # (what the loop logs at its start)
   assert said == [f"subword sampling: the one best segmentation throughout ({multi30k_data} "
                   "has no sampled segmentations)"]
   monkeypatch.undo()
@@ -210,7 +210,7 @@ def test_a_budget_too_short_for_subword_sampling_min_updates_keeps_the_one_best(
   with no update to judge at, a time budget with the minimum is refused."""
   from t2t_lite import budget
   from t2t_lite.errors import UsageError
-  from t2t_lite.train import NEVER
+  from t2t_lite.run_plan import NEVER
   one_best, sampled = _records(sampled_data, "train"), _records(sampled_data, "train_sampled")
   cooldown = {"optimizer_multistep_accumulate_steps": 1, "subword_sampling_min_updates": 40,
               "learning_rate_schedule": "constant*linear_warmup*linear_cooldown"}

@@ -183,7 +183,7 @@ def test_dev_loss_has_no_label_smoothing_and_perplexity_is_its_exponential(multi
   trainer.evaluator.flush()
   model = trainer.learner.model
   nll = smoothed = tokens = 0.0
-  for batch in data.eval_dataset(trainer.dev_files, trainer.hparams).take(3):
+  for batch in data.eval_dataset(trainer.evaluator.dev_files, trainer.hparams).take(3):
     logits = model(batch["inputs"], batch["targets"])
     weights = tf.cast(batch["targets"] > 0, tf.float32)
     nll += float(tf.reduce_sum(weights * tf.nn.sparse_softmax_cross_entropy_with_logits(

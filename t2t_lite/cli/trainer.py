@@ -19,8 +19,9 @@ flags.DEFINE_string("data_dir", None, "Directory written by t2t-lite-datagen.")
 flags.DEFINE_string("output_dir", None, "Checkpoints, summaries and hparams.json.")
 common.define_count("train_steps", 250000, "Updates (optimizer steps) to train; the trainer "
                     "runs train_steps x accumulate_steps micro-steps.", minimum=1)
-flags.DEFINE_float("train_minutes", 0.0, "Stop after this much training wall time (0: no "
-                   "limit).", lower_bound=0.0)
+flags.DEFINE_float("train_minutes", 0.0, "Stop after this much training wall time of the "
+                   "run, counted over all its processes (0: no limit; a resumed run keeps the "
+                   "budget it recorded unless given).", lower_bound=0.0)
 common.define_count("eval_steps", 100, "Dev batches for the dev loss (0: the whole dev set).")
 common.define_count("local_eval_frequency", 1000, "Evaluate every this many updates (0: never).")
 common.define_count("eval_bleu_sentences", 500, "Dev sentences decoded for BLEU at each "
@@ -157,7 +158,7 @@ def _resolve():
   seed = _from_run(previous, "random_seed", "random_seed")
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
     # Every split but test present and as datagen wrote them (which training splits a run
-    # reads, or refuses, is train.Trainer._training_splits's to say).
+    # reads, or refuses, is run_plan.training_splits's to say).
     for split in problem.manifest(data_dir)["splits"]:
       if split != "test":
         problem.data_files(data_dir, split)
@@ -223,7 +224,7 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
           frequency=FLAGS.local_eval_frequency, steps=FLAGS.eval_steps,
           bleu_sentences=FLAGS.eval_bleu_sentences, beam_size=FLAGS.eval_beam_size),
       stopping=Stopping(
-          train_minutes=FLAGS.train_minutes,
+          train_minutes=_train_minutes(previous),
           early_stopping_steps=FLAGS.eval_early_stopping_steps,
           early_stopping_metric=FLAGS.eval_early_stopping_metric,
           early_stopping_delta=FLAGS.eval_early_stopping_metric_delta),
@@ -235,6 +236,7 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:
     meta = {"hparams_set": hparams_set, "problem": problem.name,
+            "train_minutes": _train_minutes(previous),
             "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
             "data": rundir.data_record(problem, data_dir), "random_seed": seed,
             "hparams": hparams.values()}
@@ -270,6 +272,12 @@ def _settings(problem, hparams, data_dir: str, seed: int) -> dict[str, str]:
       problem.manifest_file(data_dir)), "the program": t2t_lite.__version__ + " " + ",".join(
           file_sha256(path)[:12] for path in sources)})
   return settings
+
+
+def _train_minutes(recorded: dict | None) -> float:
+  from t2t_lite import rundir
+  return rundir.train_minutes(recorded, FLAGS.train_minutes if FLAGS["train_minutes"].present
+                              else None)
 
 
 def _from_run(recorded: dict | None, flag: str, key: str):

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Iterator
 from absl import logging
 
 from t2t_lite import faults, formats
+from t2t_lite import files as files_lib
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
@@ -45,30 +46,18 @@ TRAINING_SPLITS = ("train", SAMPLED)
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
-def _process_gone(pid: int) -> bool:
-  if pid == os.getpid():
-    return False
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return True
-  except PermissionError:
-    pass
-  return False
-
-
 def _remove_stale_temporaries(data_dir: str, problem: str, current: str | None) -> None:
   """What a datagen that was killed left (its process is gone): temporary files, and folders
   of `problem` that the manifest does not name (`current` is the one it names)."""
   for name in os.listdir(data_dir):
     path = os.path.join(data_dir, name)
-    found = re.search(r"\.(?:new|tmp)-(\d+)$", name)
-    if found and _process_gone(int(found.group(1))):
+    found = re.search(rf"\.(?:new|tmp)-({files_lib.TAG})$", name)
+    if found and files_lib.stale(found.group(1)):
       os.remove(path)
       logging.info("removed %s, left by a datagen that was stopped", name)
       continue
-    found = re.fullmatch(re.escape(problem) + r"\.data-\d+-(\d+)", name)
-    if found and name != current and os.path.isdir(path) and _process_gone(int(found.group(1))):
+    found = re.fullmatch(re.escape(problem) + rf"\.data-\d+-({files_lib.TAG})", name)
+    if found and name != current and os.path.isdir(path) and files_lib.stale(found.group(1)):
       shutil.rmtree(path)
       logging.info("removed %s, left by a datagen that was stopped", name)
 
@@ -396,7 +385,7 @@ class TranslateProblem(abc.ABC):
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
     del sample
-    folder = f"{self.name}.data-{int(time.time())}-{os.getpid()}"
+    folder = f"{self.name}.data-{int(time.time())}-{files_lib.writer_tag()}"
     os.makedirs(os.path.join(data_dir, folder))  # nothing reads it until the manifest says so
     try:
       manifest = self._write_files(data_dir, folder, inputs, raw, model_bytes)

@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from t2t_lite import runtime
-from t2t_lite.files import atomic_path
+from t2t_lite.files import atomic_path, writer_tag
 
 CHUNK_PAIRS = 10_000
 BUCKET_PAIRS = 100_000
@@ -118,7 +118,7 @@ def write_shuffled(vocab, pairs: Iterable[tuple[str, str]], files: list[str],
     raise ValueError("copies of one segmentation add nothing: sample them (sampling_alpha)")
   tf = runtime.import_tensorflow()
   buckets = bucket_count(expected_pairs * copies, len(files))
-  bucket_files = [f"{files[b % len(files)]}.bucket-{b:05d}.tmp-{os.getpid()}"
+  bucket_files = [f"{files[b % len(files)]}.bucket-{b:05d}.tmp-{writer_tag()}"
                   for b in range(buckets)]
   rng = np.random.default_rng(seed)
   written = 0

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from t2t_lite import runtime
-from t2t_lite.files import atomic_path
+from t2t_lite.files import atomic_path, writer_tag
 
 SIDES = ("inputs", "targets")
 READ_BATCH = 4096  # records parsed at a time when the shards are read
@@ -61,7 +61,7 @@ def write(shard_files: list[str], folder: str, prefix: str, vocab_size: int) -> 
   dtype = id_dtype(vocab_size)
   names = file_names(prefix)
   paths = [os.path.join(folder, name) for name in names]
-  lengths_raw = f"{paths[0]}.raw.tmp-{os.getpid()}"
+  lengths_raw = f"{paths[0]}.raw.tmp-{writer_tag()}"
   try:
     return _write(shard_files, paths, dtype, lengths_raw) | {"files": names}
   finally:
