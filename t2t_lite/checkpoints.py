@@ -65,27 +65,8 @@ class Checkpoints:
     return self.manager.directory
 
   def _candidates(self) -> list[str]:
-    """The checkpoints to try, newest first: those the state file lists; without a readable
-    state file (checkpoints copied without it, say), the ckpt-N found on disk, so that a run
-    never starts again at update 0 over its own checkpoints."""
-    try:
-      state = tf.train.get_checkpoint_state(self.directory)
-    except Exception as err:  # noqa: BLE001  (a damaged state file: many error types)
-      logging.warning("the checkpoint state file in %s is unreadable (%s)", self.directory,
-                      str(err).strip().splitlines()[0][:160] if str(err).strip() else err)
-      state = None
-    if state is not None and state.all_model_checkpoint_paths:
-      return list(reversed(state.all_model_checkpoint_paths))
-    on_disk = sorted((checkpoint_number(name[:-len(".index")]), name[:-len(".index")])
-                     for name in (os.listdir(self.directory) if os.path.isdir(self.directory)
-                                  else [])
-                     if re.fullmatch(r"ckpt-\d+\.index", name))
-    if on_disk:
-      logging.warning("%s has checkpoints but no readable checkpoint state file: trying "
-                      "them newest first (%s); they stay on disk outside the rotation of "
-                      "--keep_checkpoint_max", self.directory,
-                      ", ".join(name for _, name in reversed(on_disk[-3:])))
-    return [os.path.join(self.directory, name) for _, name in reversed(on_disk)]
+    return newest_first(self.directory, "trying them newest first; they stay on disk "
+                        "outside the rotation of --keep_checkpoint_max")
 
   def _restore_newest(self, at_most: int | None = None):
     """(number of the checkpoint restored, or NOTHING / FAILED; its path; the error to raise
@@ -205,6 +186,30 @@ class Checkpoints:
     return path
 
 
+def newest_first(directory: str, what_follows: str = "reading the newest") -> list[str]:
+  """A run's checkpoints, newest first: those its state file lists; without a readable
+  state file (checkpoints copied without it, say), the ckpt-N found on disk, so that no
+  reader of a run (the trainer, the decoder, the averager, warm start, the exporter,
+  translate-all) takes a run that has checkpoints for one that has none. `what_follows`:
+  what the warning about the missing state file says the reader does."""
+  try:
+    state = tf.train.get_checkpoint_state(directory)
+  except Exception as err:  # noqa: BLE001  (a damaged state file: many error types)
+    logging.warning("the checkpoint state file in %s is unreadable (%s)", directory,
+                    str(err).strip().splitlines()[0][:160] if str(err).strip() else err)
+    state = None
+  if state is not None and state.all_model_checkpoint_paths:
+    return list(reversed(state.all_model_checkpoint_paths))
+  on_disk = sorted((checkpoint_number(name[:-len(".index")]), name[:-len(".index")])
+                   for name in (os.listdir(directory) if os.path.isdir(directory) else [])
+                   if re.fullmatch(r"ckpt-\d+\.index", name))
+  if on_disk:
+    logging.warning("%s has checkpoints but no readable checkpoint state file: %s (%s)",
+                    directory, what_follows,
+                    ", ".join(name for _, name in reversed(on_disk[-3:])))
+  return [os.path.join(directory, name) for _, name in reversed(on_disk)]
+
+
 def recorded_update(path: str) -> int | None:
   """The update a checkpoint records: Adam's step (skipped non-finite updates do not count),
   or for an average the update of the newest checkpoint averaged; None if it records none."""
@@ -219,7 +224,7 @@ def recorded_update(path: str) -> int | None:
 def warm_start_source(source: str) -> str:
   """A checkpoint prefix: `source` itself, or the newest checkpoint of a run directory."""
   if os.path.isdir(source):
-    path = tf.train.latest_checkpoint(source)
+    path = next(iter(newest_first(source)), None)
     if path is not None and not os.path.basename(path).rsplit("-", 1)[-1].isdigit():
       raise UsageError(f"--warm_start_from={source}: its newest checkpoint {path} is not "
                        "named PREFIX-N; give the checkpoint prefix itself")

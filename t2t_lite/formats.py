@@ -4,10 +4,10 @@ format only.
 
 - Run records (`hparams.json`): runs from before the data record and the seed have `data`
   and `random_seed` set to None (nothing to compare; the --random_seed flag applies), and
-  from before the time budget was recorded `train_minutes` None (--train_minutes applies); the
-  hparams no version reads any more (hparams.RETIRED) are dropped; runs
-  from before `subword_sampling_start` and `subword_sampling_min_updates` have them 0 (they
-  read their training split, sampled or not, from the start).
+  from before the time budget was recorded `train_minutes` None (--train_minutes applies);
+  an hparam added since records began takes the value that reproduces what the run did
+  before it existed (ADDED_HPARAMS: no dropout ramp, one accumulate n, the training split
+  from the start), and the hparams no version reads any more (hparams.RETIRED) are dropped.
 - Checkpoints of a training run: from before the update in progress was recorded
   (`in_update`), it is derived from the micro-step counter (n was constant then); from
   before layouts were recorded (`layout`), the layout is one replica with the recorded
@@ -35,6 +35,19 @@ from absl import logging
 from t2t_lite.errors import UsageError
 from t2t_lite.hparams import RETIRED
 
+# Hparams added since run records began whose registered values changed what a run does,
+# each with the value that reproduces what a run recorded before it existed did (run_record
+# fills them in; tests/test_formats.py has a test per entry): without them a resumed run
+# would take its set's value of today. The others added since keep a run's meaning with
+# every set's value: optimizer_multistep_accumulate_schedule is "" (one n),
+# learning_rate_cooldown is read only by the linear_cooldown factor, which no schedule had,
+# and dropout_ramp_initial, 0.0, only with a ramp.
+ADDED_HPARAMS = {
+    "dropout_ramp_start": 0,          # no dropout ramp: the set's rate from update 1
+    "dropout_ramp_end": 0,
+    "subword_sampling_start": 0,      # the training split, sampled or not, from the start
+    "subword_sampling_min_updates": 0,
+}
 # Checkpoint objects that later versions added (see checkpoint_lacks).
 ADDED_TO_CHECKPOINTS = ("in_update", "layout")
 BEST_FILE = "best.json"
@@ -47,10 +60,8 @@ def run_record(meta: dict | None) -> dict | None:
     return None
   meta = {"data": None, "random_seed": None, "train_minutes": None, **meta}
   if isinstance(meta.get("hparams"), dict):
-    # Runs from before the switch read one stream from the start: sampled, if it was.
-    meta["hparams"] = {"subword_sampling_start": 0, "subword_sampling_min_updates": 0,
-                       **{name: value for name, value in meta["hparams"].items()
-                          if name not in RETIRED}}
+    meta["hparams"] = {**ADDED_HPARAMS, **{name: value for name, value in
+                                           meta["hparams"].items() if name not in RETIRED}}
   return meta
 
 

@@ -122,8 +122,9 @@ def newest_checkpoint(output_dir: str | None, checkpoint_path: str | None = None
   """`checkpoint_path`, else the newest checkpoint of `output_dir`; resolved once by each
   command, so what it records is what it read."""
   from t2t_lite.runtime import import_tensorflow
-  tf = import_tensorflow()
-  path = checkpoint_path or (tf.train.latest_checkpoint(output_dir) if output_dir else None)
+  import_tensorflow()
+  from t2t_lite.checkpoints import newest_first
+  path = checkpoint_path or (next(iter(newest_first(output_dir)), None) if output_dir else None)
   if not path:
     raise UsageError(f"no checkpoint found in {output_dir}; pass --checkpoint_path")
   return path

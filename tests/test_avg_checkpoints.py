@@ -112,3 +112,19 @@ def test_averaging_again_keeps_what_it_did_not_write(run_copy, tmp_path):
           "average would delete") in result.stderr
   assert len(result.stderr.strip().splitlines()) == 1
   assert (avg_dir / "eval_bleu" / "scored.json").read_text() == "{}"
+
+
+def test_every_reader_of_a_run_falls_back_to_its_checkpoints_without_a_state_file(run_copy,
+                                                                                   tmp_path):
+  """The `checkpoint` state file gone (a run copied without it, say): the decoder's and the
+  exporter's newest checkpoint, warm start's and the averager's are the ckpt-N on disk, as
+  the trainer's are (tests/test_run_record.py), not "no checkpoint"."""
+  from t2t_lite import checkpoints, inference
+  from t2t_lite.cli import avg_checkpoints
+  os.remove(os.path.join(run_copy, "checkpoint"))
+  newest = os.path.join(run_copy, "ckpt-8")
+  assert checkpoints.newest_first(run_copy) == [newest, os.path.join(run_copy, "ckpt-4")]
+  assert inference.newest_checkpoint(run_copy) == newest  # decoder, exporter, translate
+  assert checkpoints.warm_start_source(run_copy) == newest
+  _, paths = avg_checkpoints.average(run_copy, 2, str(tmp_path / "avg"))
+  assert [os.path.basename(p) for p in paths] == ["ckpt-4", "ckpt-8"]

@@ -81,8 +81,7 @@ def test_a_tf_data_iterator_is_refused_unless_the_stream_may_change():
 
 def test_a_run_record_drops_the_hparams_no_version_reads():
   record = formats.run_record({"hparams": {"shuffle_buffer_size": 20000, "batch_size": 64}})
-  assert record["hparams"] == {"batch_size": 64, "subword_sampling_start": 0,
-                               "subword_sampling_min_updates": 0}
+  assert record["hparams"] == {"batch_size": 64, **formats.ADDED_HPARAMS}
   from t2t_lite import registry
   hparams = registry.hparams("transformer_tiny")
   with pytest.raises(UsageError, match=r"hparam 'shuffle_buffer_size' is no longer read: "
@@ -183,3 +182,30 @@ def test_a_run_whose_checkpoint_holds_a_tf_data_iterator_resumes_only_when_allow
       in resumed.stderr
   assert f"resumed from {path}: update 4, micro-step 8" in resumed.stderr
   assert "trained 5 updates (10 micro-steps)" in resumed.stdout
+
+
+@pytest.mark.parametrize("name, value", sorted(formats.ADDED_HPARAMS.items()))
+def test_a_run_recorded_before_an_hparam_existed_resumes_as_it_ran(tmp_path, name, value):
+  """A record of transformer_multi30k_cpu written before `name` existed resumes with the
+  value that reproduces what the run did then, not the set's value today (whose dropout
+  ramp, say, would change the run)."""
+  from t2t_lite import registry
+  today = registry.hparams("transformer_multi30k_cpu").values()
+  recorded = {k: v for k, v in today.items() if k not in formats.ADDED_HPARAMS}
+  recorded["learning_rate_schedule"] = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size"
+  (tmp_path / rundir.META_FILE).write_text(json.dumps(
+      {"hparams_set": "transformer_multi30k_cpu", "hparams": recorded}))
+  hparams, _, _ = rundir.resolve(None, "", str(tmp_path))
+  assert getattr(hparams, name) == value != today[name]  # (today's set differs)
+
+
+def test_the_other_hparams_added_since_keep_a_recorded_runs_meaning_with_every_sets_value():
+  from t2t_lite.hparams_check import COOLDOWN
+  """(See formats.ADDED_HPARAMS.)"""
+  from t2t_lite import registry
+  for name in registry.hparams_sets.names():
+    hparams = registry.hparams(name)
+    assert hparams.optimizer_multistep_accumulate_schedule == "", name
+    assert hparams.dropout_ramp_initial == 0.0, name
+    if "linear_cooldown" not in hparams.learning_rate_schedule:
+      assert hparams.learning_rate_cooldown == COOLDOWN, name

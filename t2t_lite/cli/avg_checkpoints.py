@@ -72,8 +72,8 @@ def _mean_of_newest(tf, model, output_dir: str, num_last: int) -> list[str]:
   """Assigns to `model` the mean of the newest checkpoints' weights; their paths."""
   checkpoint = tf.train.Checkpoint(model=model)
   for attempt in range(ATTEMPTS):
-    state = tf.train.get_checkpoint_state(output_dir)
-    paths = list(state.all_model_checkpoint_paths)[-num_last:] if state else []
+    from t2t_lite.checkpoints import newest_first
+    paths = list(reversed(newest_first(output_dir)[:num_last]))
     if not paths:
       raise UsageError(f"no checkpoints in {output_dir}")
     sums = None
