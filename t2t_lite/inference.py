@@ -103,8 +103,9 @@ def build(output_dir: str | None, hparams_set: str | None = None, overrides: str
   data_dir = data_dir or (meta or {}).get("data_dir")
   if not data_dir:
     raise UsageError("--data_dir is required, e.g. --data_dir=data/multi30k_ende")
-  rundir.check_data(meta, problem, data_dir, what or output_dir)
-  vocab = problem.get_vocab(data_dir)
+  snapshot = problem.snapshot(data_dir)
+  rundir.check_data(meta, snapshot, what or output_dir)
+  vocab = snapshot.vocab()
   model = registry.model(hparams.model)(hparams, vocab.size)
   return RunModel(model, vocab, hparams, problem, meta, data_dir)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 from t2t_lite import formats, hparams_check, registry
 from t2t_lite.errors import UsageError
@@ -110,17 +111,29 @@ def shape_differences(meta: dict | None, hparams, vocab_size: int) -> list[str]:
 
 
 # --- the data a run trained on ---------------------------------------------------------------
-def data_record(problem, data_dir: str) -> dict:
+@dataclass(frozen=True)
+class RunStart:
+  """What a training run starts from, each read once: its data (a problems.snapshot
+  DataSnapshot) and its record (None for a new run)."""
+  snapshot: object
+  record: dict | None
+
+  @classmethod
+  def read(cls, problem, data_dir: str, output_dir: str) -> "RunStart":
+    return cls(problem.snapshot(data_dir), read_meta(output_dir))
+
+
+def data_record(snapshot) -> dict:
   """What a run trains on: the problem, its languages, the vocabulary file's sha256 and the
-  training split's subword sampling."""
-  settings = problem.manifest(data_dir).get("settings", {})
-  return {"problem": problem.name, "source_lang": settings.get("source_lang", ""),
+  training split's subword sampling (`snapshot`: a problems.snapshot.DataSnapshot)."""
+  settings = snapshot.settings
+  return {"problem": snapshot.problem.name, "source_lang": settings.get("source_lang", ""),
           "target_lang": settings.get("target_lang", ""),
-          "vocab_sha256": _vocab_sha256(problem, data_dir),
+          "vocab_sha256": snapshot.vocab_sha256(),
           "subword_sampling": settings.get("subword_sampling")}
 
 
-def check_training_data(meta: dict | None, problem, data_dir: str, what: str) -> None:
+def check_training_data(meta: dict | None, snapshot, what: str) -> None:
   """Refuses to continue a run on training records other than its own: with the same
   vocabulary, other subword sampling makes other records, and the resumed stream would not
   be the one the run was reading. (Runs recorded before sampling trained on one
@@ -129,13 +142,13 @@ def check_training_data(meta: dict | None, problem, data_dir: str, what: str) ->
   if not recorded:
     return
   before = recorded.get("subword_sampling")
-  now = problem.manifest(data_dir)["settings"]["subword_sampling"]
+  now = snapshot.settings["subword_sampling"]
   if before != now:
     raise UsageError(
         f"{what} was trained on {_segmentations(before)} of each training pair, but "
-        f"{data_dir} holds {_segmentations(now)}; resume it on the data it was trained on "
-        "(t2t-lite-datagen with its --subword_sampling_copies/--subword_sampling_alpha), or "
-        "start a new run")
+        f"{snapshot.data_dir} holds {_segmentations(now)}; resume it on the data it was "
+        "trained on (t2t-lite-datagen with its --subword_sampling_copies/"
+        "--subword_sampling_alpha), or start a new run")
 
 
 def _segmentations(sampling: dict | None) -> str:
@@ -144,38 +157,28 @@ def _segmentations(sampling: dict | None) -> str:
   return f"{sampling['copies']} sampled segmentations at alpha {sampling['alpha']:g}"
 
 
-def _vocab_sha256(problem, data_dir: str) -> str:
-  from t2t_lite.problems import vocab as vocab_lib
-  path = problem.vocab_file(data_dir)
-  if not os.path.isfile(path):
-    raise UsageError(f"vocabulary {path} is missing; run t2t-lite-datagen "
-                     f"--problem={problem.name} --data_dir={data_dir} first")
-  with open(path, "rb") as f:
-    return vocab_lib.sha256(f.read())
-
-
 def data_record_of(meta: dict | None) -> dict:
   """The data record of a run's meta ({} for runs from before it was recorded)."""
   return (meta or {}).get("data") or {}
 
 
-def check_data(meta: dict | None, problem, data_dir: str, what: str,
-               same_problem: bool = True) -> None:
-  """Refuses to pair a run with data other than its own: another problem (unless not
-  `same_problem`: fine-tuning moves to other data), or another vocabulary (of the same size
-  or not). `what` names the run in the message. Runs recorded before the data record have
-  nothing to compare."""
+def check_data(meta: dict | None, snapshot, what: str, same_problem: bool = True) -> None:
+  """Refuses to pair a run with data other than its own (`snapshot`): another problem
+  (unless not `same_problem`: fine-tuning moves to other data), or another vocabulary (of
+  the same size or not). `what` names the run in the message. Runs recorded before the data
+  record have nothing to compare."""
   recorded = (meta or {}).get("data")
   if not recorded:
     return
-  if same_problem and recorded["problem"] != problem.name:
+  name = snapshot.problem.name
+  if same_problem and recorded["problem"] != name:
     raise UsageError(f"{what} was trained on problem {recorded['problem']}, not "
-                     f"{problem.name}; pass --problem={recorded['problem']} (or none)")
-  current = _vocab_sha256(problem, data_dir)
+                     f"{name}; pass --problem={recorded['problem']} (or none)")
+  current = snapshot.vocab_sha256()
   if current != recorded["vocab_sha256"]:
     raise UsageError(
         f"{what} was trained with another vocabulary (sha256 {recorded['vocab_sha256'][:12]}, "
-        f"from {meta.get('data_dir', '?')}) than the one in {data_dir} (sha256 "
+        f"from {meta.get('data_dir', '?')}) than the one in {snapshot.data_dir} (sha256 "
         f"{current[:12]}); give the --data_dir it was trained on, or "
         "prepare that data again")
 

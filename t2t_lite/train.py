@@ -73,27 +73,24 @@ class Trainer:
 
   def __init__(self, hparams, problem, plan: BatchPlan, options: RunOptions,
                strategy: tf.distribute.Strategy | None = None, is_chief: bool = True,
-               worker_name: str = "worker", after_update=None):
-    """`after_update(tried)`, if given, is called after each update and what followed it
-    (log, save, evaluation) with the number of updates tried: a hook for observers such as
-    a count of device reads per update; it must not read the device itself."""
+               worker_name: str = "worker", after_update=None,
+               start: rundir.RunStart | None = None):
+    """`start`: the data snapshot and run record the run starts from (read here when not
+    given). `after_update(tried)`, if given, is called after each update and what followed
+    it (log, save, evaluation) with the number of updates tried: a hook for observers such
+    as a count of device reads per update; it must not read the device itself."""
     self.hparams, self.problem, self.plan, self.options = hparams, problem, plan, options
     self.strategy = strategy or tf.distribute.get_strategy()
     self.is_chief, self._after_update = is_chief, after_update
-    self.vocab = problem.get_vocab(options.data_dir)
-    self._recorded = rundir.read_meta(options.output_dir)  # the run's record, if it has one
+    self.start = start or rundir.RunStart.read(problem, options.data_dir, options.output_dir)
+    self.vocab = self.start.snapshot.vocab()
     self.faults = faults_lib.from_environment()
     splits = training_splits(hparams, plan.sampling_start, options.stopping.train_minutes,
-                             options.data_dir, problem.manifest(options.data_dir)["splits"])
+                             options.data_dir, self.start.snapshot.splits)
     self.learner = Learner(hparams, self.vocab.size, plan.accumulation, options.seed,
                            self.strategy, self.faults, options.xla_compile)
     self.run_plan = RunPlan(hparams, plan, options, self.learner, splits, self.strategy)
-    # This process reads its own replicas' batches of the one stream (stream.TrainingStream).
-    self.replica_ids = distribute.local_replica_ids(self.strategy)
-    self.stream = stream_lib.TrainingStream(
-        [problem.training_store(options.data_dir, split) for split in splits],
-        stream_lib.Batching.of(hparams, options.xla_compile), options.seed, plan.replicas,
-        self.replica_ids)
+    self.stream = self._open_stream(splits)
     with self.strategy.scope():
       self.train_seconds = tf.Variable(0.0, name=TRAIN_SECONDS, dtype=tf.float64,
                                        trainable=False,
@@ -116,6 +113,14 @@ class Trainer:
   def sampled_from(self) -> tf.Variable:
     return self.run_plan.sampled_from
 
+  def _open_stream(self, splits: list[str]) -> stream_lib.TrainingStream:
+    """This process's replicas' batches of the one training stream (stream.TrainingStream)."""
+    self.replica_ids = distribute.local_replica_ids(self.strategy)
+    return stream_lib.TrainingStream(
+        [self.start.snapshot.store(split) for split in splits],
+        stream_lib.Batching.of(self.hparams, self.options.xla_compile), self.options.seed,
+        self.plan.replicas, self.replica_ids)
+
   def _make_checkpoints(self) -> Checkpoints:
     """Every worker resumes from the chief's checkpoints in output_dir (a shared
     filesystem; the data position is the micro-step counter, the same on all) and takes
@@ -130,16 +135,16 @@ class Trainer:
         optional=("accumulator", "cooldown_end", SAMPLED_FROM, TRAIN_SECONDS,
                   *formats.ADDED_TO_CHECKPOINTS),
         shape_differences=tuple(rundir.shape_differences(
-            self._recorded, self.hparams, self.vocab.size)))
+            self.start.record, self.hparams, self.vocab.size)))
 
   def _make_evaluator(self) -> Evaluator | None:
     options = self.options
     if not options.evaluation.frequency:
       return None
-    settings = self.problem.manifest(options.data_dir).get("settings", {})
-    return Evaluator(self.learner, self.hparams, self.vocab,
-                     self.problem.data_files(options.data_dir, "dev"), options.output_dir,
-                     options.evaluation, options.stopping, settings.get("target_lang", ""))
+    snapshot = self.start.snapshot
+    return Evaluator(self.learner, self.hparams, self.vocab, snapshot.files("dev"),
+                     options.output_dir, options.evaluation, options.stopping,
+                     snapshot.settings.get("target_lang", ""))
 
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
@@ -184,7 +189,7 @@ class Trainer:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
                       "a new run only", self.checkpoints.directory)
     self.learner.forget_host_counters()
-    formats.upgrade_restored(self.learner, self._lacks, self._recorded, path)
+    formats.upgrade_restored(self.learner, self._lacks, self.start.record, path)
     layouts.check(self.learner, self.plan, path, options.allow_hparams_change)
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(self.learner.update_step.numpy()), int(self.learner.micro_step.numpy()))

@@ -96,7 +96,8 @@ def test_a_run_resumes_only_on_the_subword_sampling_it_was_trained_on(tiny_run, 
                          "the data it was trained on", "t2t-lite-trainer")
   assert "start a new run" in last
   from t2t_lite import registry, rundir
-  record = rundir.data_record(registry.problem("translate_ende_multi30k"), str(data_dir))
+  record = rundir.data_record(registry.problem("translate_ende_multi30k").snapshot(
+      str(data_dir)))
   assert record["subword_sampling"] == {"copies": 2, "alpha": 0.3}  # what a new run records
 
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from conftest import NO_EVAL_FLAGS, TINY_FLAGS, cli, tiny_hparams
+from conftest import NO_EVAL_FLAGS, REPO, TINY_FLAGS, cli, tiny_hparams
 from t2t_lite import registry
 from t2t_lite.steps import plan
 from t2t_lite.decide import Checkpointing, Evaluation, Stopping
@@ -231,3 +231,21 @@ def test_a_missing_bleu_tokenizer_is_refused_before_training(monkeypatch, tmp_pa
   assert not os.listdir(tmp_path)
   Evaluator(None, tiny_hparams(), None, [], str(tmp_path), Evaluation(bleu_sentences=0),
             Stopping(), target_lang="ja")  # no BLEU, no tokenizer needed
+
+
+def test_start_up_reads_the_manifest_and_the_run_record_once(tiny_run, tmp_path):
+  """Resuming a run for one more update, and the same with an evaluation: the data's
+  manifest is read once (everything of the data comes from that snapshot) and the run
+  record once."""
+  import subprocess
+  import sys
+  run = tmp_path / "run"
+  shutil.copytree(tiny_run["output_dir"], run)
+  for steps, flags in ((5, NO_EVAL_FLAGS), (6, TINY_FLAGS)):
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "startup_reads.py"), *flags,
+         f"--data_dir={tiny_run['data_dir']}", f"--output_dir={run}", f"--train_steps={steps}"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"trained {steps} updates" in result.stdout
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"manifest": 1, "record": 1}

@@ -121,7 +121,6 @@ def _join_and_report(err: Exception) -> str | None:
 def _resolve():
   """Everything that needs no TensorFlow: flags, names, the run's record."""
   from t2t_lite import registry, rundir
-  from t2t_lite.problems.base import TRAINING_SPLITS
 
   if not FLAGS.dry_run:
     common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
@@ -156,26 +155,23 @@ def _resolve():
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
   seed = _from_run(previous, "random_seed", "random_seed")
+  snapshot = None
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
-    # Every split but test present and as datagen wrote them (which training splits a run
-    # reads, or refuses, is run_plan.training_splits's to say).
-    for split in problem.manifest(data_dir)["splits"]:
-      if split != "test":
-        problem.data_files(data_dir, split)
-      if split in TRAINING_SPLITS:  # and the store training reads them from
-        problem.store_info(data_dir, split)
-    rundir.check_data(previous, problem, data_dir, FLAGS.output_dir)
-    rundir.check_training_data(previous, problem, data_dir, FLAGS.output_dir)
+    snapshot = problem.snapshot(data_dir)  # everything of the data comes from this read
+    snapshot.check()
+    rundir.check_data(previous, snapshot, FLAGS.output_dir)
+    rundir.check_training_data(previous, snapshot, FLAGS.output_dir)
     if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem
       source = FLAGS.warm_start_from
       rundir.check_data(rundir.read_meta(source if os.path.isdir(source)
                                          else os.path.dirname(source) or "."),
-                        problem, data_dir, f"--warm_start_from={source}", same_problem=False)
-  return problem, hparams, previous, hparams_set, data_dir, seed
+                        snapshot, f"--warm_start_from={source}", same_problem=False)
+  return problem, hparams, rundir.RunStart(snapshot, previous), hparams_set, data_dir, seed
 
 
-def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
+def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
   from t2t_lite import rundir, steps
+  previous = start.record
 
   tf = common.import_tensorflow(before_devices=_resolve_cluster)
   from t2t_lite import distribute
@@ -186,9 +182,9 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
                                                         FLAGS.slurm_port_base)
     replicas = strategy.num_replicas_in_sync
     if FLAGS.strategy == "multi_worker":
-      distribute.agree(strategy, _settings(problem, hparams, data_dir, seed))
+      distribute.agree(strategy, _settings(start.snapshot, hparams, seed))
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
-  vocab_size = problem.vocab_size_in(data_dir)
+  vocab_size = start.snapshot.vocab().size if start.snapshot else problem.vocab_size_in(data_dir)
   params = rundir.parameter_count(hparams, vocab_size)
   accumulators = params * 4 if plan.accumulation.needs_accumulators else 0
   summary = [f"hparams set: {hparams_set}"
@@ -232,13 +228,14 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
       warm_start_optimizer=FLAGS.warm_start_optimizer,
       allow_hparams_change=FLAGS.allow_hparams_change,
       allow_stream_change=FLAGS.allow_stream_change, xla_compile=FLAGS.xla_compile)
-  trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task)
+  trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task,
+                          start=start)
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:
     meta = {"hparams_set": hparams_set, "problem": problem.name,
             "train_minutes": _train_minutes(previous),
             "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
-            "data": rundir.data_record(problem, data_dir), "random_seed": seed,
+            "data": rundir.data_record(start.snapshot), "random_seed": seed,
             "hparams": hparams.values()}
     warm_started_from = trainer.warm_started_from or (previous or {}).get("warm_started_from")
     if warm_started_from:
@@ -253,7 +250,7 @@ def _train(problem, hparams, previous, hparams_set, data_dir, seed) -> None:
     distribute.leave_cluster(is_chief)
 
 
-def _settings(problem, hparams, data_dir: str, seed: int) -> dict[str, str]:
+def _settings(snapshot, hparams, seed: int) -> dict[str, str]:
   """What every worker of a cluster must share (distribute.agree): the trainer's flags (the
   paths excepted: the data is compared by its manifest, and a node may mount it elsewhere;
   and --hparams, whose resolved values are compared, in any order given), the hparams and
@@ -268,9 +265,9 @@ def _settings(problem, hparams, data_dir: str, seed: int) -> dict[str, str]:
   package = os.path.dirname(t2t_lite.__file__)
   sources = sorted(os.path.join(folder, name) for folder, _, files in os.walk(package)
                    for name in files if name.endswith(".py"))
-  settings.update({"random seed": seed, "the data (its manifest)": file_sha256(
-      problem.manifest_file(data_dir)), "the program": t2t_lite.__version__ + " " + ",".join(
-          file_sha256(path)[:12] for path in sources)})
+  settings.update({"random seed": seed, "the data (its manifest)": snapshot.digest,
+                   "the program": t2t_lite.__version__ + " " + ",".join(
+                       file_sha256(path)[:12] for path in sources)})
   return settings
 
 

@@ -36,13 +36,13 @@ from t2t_lite.errors import RunError, UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
 from t2t_lite.problems import store as store_lib
+from t2t_lite.problems.snapshot import TRAINING_SPLITS, DataSnapshot
 from t2t_lite.problems import vocab as vocab_lib
 
 SPLITS = ("train", "dev", "test")  # of the raw data
 # The training pairs again, each in `subword_sampling.copies` sampled segmentations (data
 # made with subword sampling; "train" holds their one best segmentation).
-SAMPLED = "train_sampled"
-TRAINING_SPLITS = ("train", SAMPLED)
+SAMPLED = "train_sampled"  # (the second of snapshot.TRAINING_SPLITS)
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
@@ -217,68 +217,23 @@ class TranslateProblem(abc.ABC):
     return [f"{self.name}-{split}-{i:05d}-of-{num_shards:05d}.tfrecord"
             for i in range(num_shards)]
 
+  def snapshot(self, data_dir: str) -> DataSnapshot:
+    """`data_dir` as its datagen left it, its manifest read once (see problems.snapshot)."""
+    return DataSnapshot(self, data_dir)
+
   def manifest(self, data_dir: str) -> dict:
-    path = self.manifest_file(data_dir)
-    if not os.path.isfile(path):
-      raise UsageError(f"no prepared data for problem {self.name} in {data_dir} "
-                       f"({os.path.basename(path)} is missing); run t2t-lite-datagen "
-                       f"--problem={self.name} --data_dir={data_dir} --tmp_dir=<raw data>")
-    with open(path) as f:
-      return formats.data_manifest(json.load(f))
+    return self.snapshot(data_dir).manifest
 
   def data_files(self, data_dir: str, split: str) -> list[str]:
     """The TFRecord shards of `split`, checked against the manifest (names and sizes)."""
-    manifest = self.manifest(data_dir)
-    info = manifest["splits"].get(split)
-    if info is None:
-      raise UsageError(f"problem {self.name} has no '{split}' split in {data_dir}")
-    folder = self.files_dir(data_dir, manifest)
-    files = [os.path.join(folder, name) for name in info["files"]]
-    self._check_sizes(files, info.get("bytes") or [None] * len(files))
-    if "store" in info:
-      self._check_sizes([os.path.join(folder, name) for name in info["store"]["files"]],
-                        info["store"]["bytes"])
-    return files
+    return self.snapshot(data_dir).files(split)
 
   def training_store(self, data_dir: str, split: str) -> store_lib.ExampleStore:
     """The store of training split `split` (checked as data_files checks the shards)."""
-    manifest = self.manifest(data_dir)
-    return store_lib.ExampleStore(self.files_dir(data_dir, manifest),
-                                  self.store_info(data_dir, split))
-
-  def store_info(self, data_dir: str, split: str) -> dict:
-    """The manifest's entry of training split `split`'s store, its files checked; a usage
-    error saying what to do for data made before the store."""
-    self.data_files(data_dir, split)
-    info = self.manifest(data_dir)["splits"][split]
-    if "store" not in info:
-      raise UsageError(
-          f"{data_dir} was made by an earlier t2t-lite-datagen, without the store of its "
-          f"'{split}' split that training reads by index; run the same t2t-lite-datagen "
-          f"command again (--problem={self.name} --data_dir={data_dir} --tmp_dir=<its raw "
-          "data>): it adds the store beside the records it keeps")
-    return info["store"]
-
-  def _check_sizes(self, files: list[str], sizes: list) -> None:
-    for path, size in zip(files, sizes):
-      if not os.path.isfile(path):
-        raise UsageError(f"data file {path} listed in the manifest is missing; "
-                         f"run t2t-lite-datagen --problem={self.name} again")
-      if size is not None and os.path.getsize(path) != size:
-        raise UsageError(f"data file {path} has {os.path.getsize(path)} bytes, the manifest "
-                         f"says {size}: it was changed after datagen; run t2t-lite-datagen "
-                         f"--problem={self.name} again")
+    return self.snapshot(data_dir).store(split)
 
   def get_vocab(self, data_dir: str) -> vocab_lib.SubwordVocab:
-    path = self.vocab_file(data_dir)
-    if not os.path.isfile(path):
-      raise UsageError(f"vocabulary {path} is missing; run t2t-lite-datagen "
-                       f"--problem={self.name} --data_dir={data_dir} first")
-    try:
-      return vocab_lib.SubwordVocab(path)
-    except (RuntimeError, OSError) as err:  # sentencepiece: "could not parse ModelProto"
-      raise UsageError(f"vocabulary {path} is unreadable ({str(err).splitlines()[0][:120]}); "
-                       f"run t2t-lite-datagen --problem={self.name} again") from None
+    return self.snapshot(data_dir).vocab()
 
   def vocab_size_in(self, data_dir: str | None) -> int:
     """The real vocabulary size when data exists, else the problem's nominal size."""
