@@ -243,13 +243,16 @@ class Trainer:
     from inside a compiled step (its state may be half written), not with several workers
     (a save is a collective they are not in), and with several replicas only between
     updates (their accumulators are replica-local)."""
-    if (self._multi_worker or self.learner.in_step
-        or not (self.stops.mid_update or self.learner.position() == 0)):
+    if self._multi_worker or self.learner.in_step:
       return err
-    path = self.save()
     cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-    return RunError(f"{type(err).__name__}{': ' + cause if cause else ''}; the run was saved "
-                    f"first ({path}): fix the cause and rerun to resume")
+    cause = f"{type(err).__name__}{': ' + cause if cause else ''}"
+    if not (self.stops.mid_update or self.learner.position() == 0):
+      return RunError(f"{cause}; not saved mid-update (the accumulators of the "
+                      f"{self.plan.replicas} replicas are their own): fix the cause and rerun "
+                      "to resume from the last checkpoint")
+    return RunError(f"{cause}; the run was saved first ({self.save()}): fix the cause and "
+                    "rerun to resume")
 
   def _loop(self) -> dict:
     """Runs updates and does what `decide` says follows each (see t2t_lite.decide). The

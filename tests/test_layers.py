@@ -181,3 +181,24 @@ def test_split_parts_and_heads_is_a_split_then_split_heads():
   for a, b in zip(ours, tf.split(x, 3, axis=-1)):
     assert a.shape == (2, 4, 5, 3)
     np.testing.assert_array_equal(a.numpy(), split_heads(b, 4).numpy())
+
+
+def test_a_ramped_dropout_rate_of_0_draws_no_masks(monkeypatch):
+  """The dropout ramp's rate is a tensor, 0 in its first updates: then no random words are
+  drawn (the masks would keep everything), the output is the input, and the sites' seeds
+  advance as at any rate, so the masks that follow are the same."""
+  from t2t_lite.models import layers
+  drawn = []
+  real = tf.random.stateless_uniform
+  monkeypatch.setattr(tf.random, "stateless_uniform",
+                      lambda *a, **k: drawn.append(1) or real(*a, **k))
+  x = tf.random.stateless_normal([4, 8], seed=[1, 2])
+  for rate, draws in ((0.0, 0), (0.25, 1)):
+    seeds = layers.SeedStream(tf.constant([3, 4]))
+    out = layers.dropout(x, tf.constant(rate), seeds)
+    assert len(drawn) == draws and seeds._site == 1, rate
+    if not rate:
+      np.testing.assert_array_equal(out.numpy(), x.numpy())
+  relu = layers.dropout(x, tf.constant(0.0), layers.SeedStream(tf.constant([3, 4])), relu=True)
+  np.testing.assert_array_equal(relu.numpy(), tf.nn.relu(x).numpy())
+  assert len(drawn) == 1

@@ -182,3 +182,20 @@ def test_ctrl_c_saves_mid_accumulation_and_exits_cleanly(multi30k_data, tmp_path
   micro_step = int(out.split(" micro-steps)")[0].rsplit("(", 1)[1])
   assert micro_step >= 8
   assert tf.train.latest_checkpoint(output_dir).endswith(f"ckpt-{micro_step}")
+
+
+def test_a_failure_mid_update_on_mirrored_replicas_is_not_saved(multi30k_data, tmp_path):
+  """Mid-update, two mirrored replicas hold replica-local accumulators, which a checkpoint
+  would restore as their sum spread over the replicas: a failure there (after micro-step 3
+  of n = 2) ends the run without a save, the last checkpoint kept (none yet here). (Between
+  updates a failure saves first: test_killed_and_resumed_runs_end_where_an_unbroken_run_ends.)"""
+  output_dir = tmp_path / "run"
+  result = cli("t2t-lite-trainer", *FLAGS, f"--data_dir={multi30k_data}",
+               f"--output_dir={output_dir}", "--strategy=mirrored", "--cpu_replicas=2",
+               env={"T2T_LITE_FAULT": "raise:3"})
+  assert result.returncode == 1, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert "RuntimeError: injected failure after micro-step 3" in last, last
+  assert ("not saved mid-update (the accumulators of the 2 replicas are their own): fix the "
+          "cause and rerun to resume from the last checkpoint") in last, last
+  assert tf.train.latest_checkpoint(str(output_dir)) is None

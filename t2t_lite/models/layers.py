@@ -51,7 +51,7 @@ def is_one(scale) -> bool:
 
 
 def _active(rate, seeds: SeedStream | None) -> bool:
-  # A tensor rate is applied even at 0 (the masks then keep everything).
+  # A tensor rate may be 0 (the dropout ramp's first updates): dropout decides as it runs.
   return seeds is not None and seeds.seeded and (is_tensor(rate) or rate > 0.0)
 
 
@@ -89,14 +89,19 @@ def dropout(x, rate, seeds: SeedStream | None, scaled: bool = True,
   if not _active(rate, seeds):
     return tf.nn.relu(x) if relu else x
   with tf.name_scope("dropout"):
-    return _dropout(x, rate, seeds, keep_scale(rate, seeds) if scaled else 1.0, relu)
+    scale, seed = keep_scale(rate, seeds) if scaled else 1.0, seeds.next()
+    if not is_tensor(rate):
+      return _dropout(x, rate, seed, scale, relu)
+    # A rate of 0 draws no masks (they would keep everything: the same result, exactly).
+    return tf.cond(_threshold(rate) > 0, lambda: _dropout(x, rate, seed, scale, relu),
+                   lambda: tf.nn.relu(x) if relu else tf.identity(x))
 
 
-def _dropout(x, rate, seeds, scale, relu):
+def _dropout(x, rate, seed, scale, relu):
   size = tf.size(x)
   # Philox named, not left to auto-selection: XLA would pick another generator, and a run
   # with --xla_compile would draw other masks than the same run without it.
-  words = tf.random.stateless_uniform([(size + 3) // 4], seeds.next(), minval=None,
+  words = tf.random.stateless_uniform([(size + 3) // 4], seed, minval=None,
                                       maxval=None, dtype=tf.int64, alg="philox")
   quarters = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
   threshold = _threshold(rate)
