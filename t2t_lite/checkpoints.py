@@ -23,7 +23,10 @@ from absl import logging
 from t2t_lite.decide import Checkpointing
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.faults import NoFaults
+from t2t_lite.files import remove_stale_temporaries, writer_tag
 
+# The local folder in which a worker other than the chief writes its part of a save.
+SCRATCH = "t2t-lite-worker-save-"
 NOTHING = 0       # "restored nothing": a fresh start
 FAILED = -1       # this worker could not restore (its error is raised after the agreement)
 
@@ -58,6 +61,8 @@ class Checkpoints:
         keep_checkpoint_every_n_hours=options.keep_every_n_hours or None)
     self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     self.is_chief = is_chief
+    if not is_chief:  # what saves of this host's killed workers left
+      remove_stale_temporaries(tempfile.gettempdir(), SCRATCH)
     self.last_saved = self._last_path = None
 
   @property
@@ -172,7 +177,7 @@ class Checkpoints:
     if number == self.last_saved:
       return self._last_path
     if not self.is_chief:  # its part of the collective save, written and thrown away
-      scratch = tempfile.mkdtemp(prefix="t2t-lite-worker-save-")
+      scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}{writer_tag()}.")
       try:
         self.faults.save(tf.train.CheckpointManager(self.checkpoint, scratch, max_to_keep=1),
                          self.checkpoint, number)

@@ -9,7 +9,6 @@ batches are planned from the examples' lengths instead: t2t_lite.stream.)
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from t2t_lite.hparams_check import check_batch_size
@@ -81,19 +80,3 @@ def text_examples(files: list[str]) -> tf.data.Dataset:
     return tf.cast(tf.sparse.to_dense(parsed["inputs"]), tf.int32), parsed["targets_text"]
 
   return tf.data.TFRecordDataset(files).map(parse)
-
-
-def padding_and_slots(batch) -> tuple[int, int]:
-  """(padding ids, token slots) of the inputs and targets of one host-side batch."""
-  padding = slots = 0
-  for name in ("inputs", "targets"):
-    ids = batch[name].numpy()
-    padding += ids.size - int(np.count_nonzero(ids))
-    slots += ids.size
-  return padding, slots
-
-
-def padding_fraction(batches, limit: int = 200) -> float:
-  """Fraction of padding among the token slots of up to `limit` batches."""
-  counts = [padding_and_slots(batch) for batch in batches.take(limit)]
-  return sum(p for p, _ in counts) / max(sum(s for _, s in counts), 1)

@@ -106,8 +106,9 @@ def _swap(new: str, old: str) -> bool:
     return False
 
 
-def _remove_stale_temporaries(parent: str, prefix: str) -> None:
-  """Temporary directories of killed writers to the same place (their process is gone)."""
+def remove_stale_temporaries(parent: str, prefix: str) -> None:
+  """Temporary directories `prefix<tag>.*` in `parent` of this host's writers that are gone
+  (killed: see stale)."""
   for name in os.listdir(parent):
     if not name.startswith(prefix) or name.endswith(".old"):
       continue  # a moved-aside previous directory is never removed unasked
@@ -128,7 +129,7 @@ def atomic_directory(path: str, before_rename=None):
   parent, name = os.path.split(path)
   os.makedirs(parent, exist_ok=True)
   prefix = f".{name}.tmp-"
-  _remove_stale_temporaries(parent, prefix)
+  remove_stale_temporaries(parent, prefix)
   tmp = tempfile.mkdtemp(prefix=f"{prefix}{writer_tag()}.", dir=parent)
   umask = os.umask(0)
   os.umask(umask)

@@ -86,6 +86,11 @@ def checkpoint_lacks(path: str, names: set[str], allow_stream_change: bool = Fal
   a UsageError for a data position that the planned stream cannot continue exactly (a
   tf.data iterator, or one per replica), unless `allow_stream_change`."""
   iterators = sorted(name for name in names if name.startswith("iterator_"))
+  if "layout" not in names and "iterator_1" in names:
+    raise UsageError(
+        f"checkpoint {path} was written by a t2t-lite whose replicas each read their own "
+        "data shard, before layouts were recorded; this version cannot tell its layout: "
+        "finish the run with the version that wrote it")
   if iterators and not allow_stream_change:
     raise UsageError(
         f"checkpoint {path} holds its data position as a tf.data iterator (written by an "

@@ -262,9 +262,11 @@ class Trainer:
     update = self.log.read()  # a new window
     self.run_plan.start(update)
     progress = Progress(tried=update, seen=update, applied=update)
-    # A resumed run that early stopping had stopped stays stopped.
+    # A resumed run that early stopping had stopped, or whose budget is spent, stays stopped.
     early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
-    actions = decide(progress, Agreed(early_stop=self._from_chief([float(early)])[0] > 0),
+    spent = clock.deadline is not None and time.time() >= clock.deadline
+    early, spent = (flag > 0 for flag in self._from_chief([float(early), float(spent)]))
+    actions = decide(progress, Agreed(out_of_time=spent, early_stop=early),
                      self.run_plan.schedule())
     agreement = Agreement(self.learner, self._multi_worker, clock,
                           lambda: self.stops.signal is not None)

@@ -168,3 +168,7 @@ def test_a_budget_split_over_two_processes_counts_the_runs_training_time(multi30
   assert stopped["updates"] < end - budget.cooldown_length(end, hparams.learning_rate_cooldown)
   assert end - budget.cooldown_length(end, hparams.learning_rate_cooldown) < result["updates"]
   assert result["updates"] <= end
+  spent_up, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.05)  # 3 s: spent
+  again = spent_up.train()
+  assert again["updates"] == result["updates"] and again["micro_steps"] == result["micro_steps"]
+  assert again["stop_reason"] == "time budget of 0.05 minutes reached"

@@ -257,9 +257,10 @@ def _settings(snapshot, hparams, seed: int) -> dict[str, str]:
   seed, the data's manifest and the program."""
   import t2t_lite
   from t2t_lite.problems.base import file_sha256
-  names = {flag.name for module in ("t2t_lite.cli.trainer", "t2t_lite.cli.common")
+  names = {flag.name for module in (__name__, common.__name__)
            for flag in FLAGS.flags_by_module_dict().get(module, [])}
-  names -= {"data_dir", "output_dir", "debug", "hparams"}
+  # (--warm_start_from: a path, resolved by the chief for all)
+  names -= {"data_dir", "output_dir", "debug", "hparams", "warm_start_from"}
   settings = {f"--{name}": FLAGS[name].value for name in names}
   settings.update({f"hparams.{name}": value for name, value in hparams.values().items()})
   package = os.path.dirname(t2t_lite.__file__)

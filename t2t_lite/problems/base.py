@@ -403,6 +403,7 @@ class TranslateProblem(abc.ABC):
     written beside the records (which stay as they are), then the manifest naming them
     replaces the old one in one rename."""
     folder = self.files_dir(data_dir, manifest)
+    _remove_stale_temporaries(folder, self.name, manifest["dir"])  # of a killed earlier try
     vocab_size = manifest["vocab"]["size"]
     written = dict(manifest, splits=dict(manifest["splits"]))
     written.pop("skipped", None)

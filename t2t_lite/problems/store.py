@@ -23,6 +23,7 @@ import os
 import numpy as np
 
 from t2t_lite import runtime
+from t2t_lite.errors import UsageError
 from t2t_lite.files import atomic_path, writer_tag
 
 SIDES = ("inputs", "targets")
@@ -114,8 +115,9 @@ class ExampleStore:
                        else np.zeros(0, dtype))
                 for side, path in zip(SIDES, (inputs, targets))}
     if len(self.lengths) != info["examples"] or len(self.offsets) != len(self.lengths) + 1:
-      raise ValueError(f"the store in {folder} holds {len(self.lengths)} examples, its "
-                       f"manifest says {info['examples']}")
+      raise UsageError(f"the store in {folder} holds {len(self.lengths)} examples, its "
+                       f"manifest says {info['examples']}: it was changed after datagen; "
+                       "run t2t-lite-datagen again")
 
   def __len__(self) -> int:
     return len(self.lengths)
