@@ -103,7 +103,7 @@ def build(output_dir: str | None, hparams_set: str | None = None, overrides: str
   data_dir = data_dir or (meta or {}).get("data_dir")
   if not data_dir:
     raise UsageError("--data_dir is required, e.g. --data_dir=data/multi30k_ende")
-  snapshot = problem.snapshot(data_dir)
+  snapshot = problem.snapshot(data_dir, vocab_only=True)
   rundir.check_data(meta, snapshot, what or output_dir)
   vocab = snapshot.vocab()
   model = registry.model(hparams.model)(hparams, vocab.size)

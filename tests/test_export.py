@@ -418,13 +418,14 @@ def test_the_export_record_names_the_checkpoint_exported(tiny_run, tmp_path, mon
   otherwise when asked again) cannot make t2t_lite_export.json name another one."""
   run = str(tmp_path / "run")
   shutil.copytree(tiny_run["output_dir"], run)
-  real, answers = tf.train.latest_checkpoint, []
+  from t2t_lite import checkpoints
+  real, answers = checkpoints.newest_first, []
 
-  def latest(directory, *args, **kwargs):
-    answers.append(os.path.join(run, "ckpt-4") if answers else real(directory, *args, **kwargs))
-    return answers[-1]
+  def newest_first(directory, *args, **kwargs):  # a newer checkpoint each time it is asked
+    answers.append(os.path.join(run, "ckpt-4") if answers else real(directory)[0])
+    return [answers[-1]]
 
-  monkeypatch.setattr(tf.train, "latest_checkpoint", latest)
+  monkeypatch.setattr(checkpoints, "newest_first", newest_first)
   export.export_run(run, str(tmp_path / "ct2"), "ctranslate2")
   with open(tmp_path / "ct2" / export.INFO_FILE) as f:
     info = json.load(f)

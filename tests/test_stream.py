@@ -86,8 +86,8 @@ def test_planned_batches_pad_less_than_the_bucketed_pipeline(multi30k_data, trai
                      data.bucket_batch_sizes(data.bucket_boundaries(hparams.max_length),
                                              hparams.batch_size)))
   for rows, _ in (plan.batch(b) for b in range(150)):
-    assert len(rows) <= min(count for width, count in rows_of.items()
-                            if width >= train_store.lengths[rows].max())
+    bucket = min(width for width in rows_of if width >= train_store.lengths[rows].max())
+    assert len(rows) <= rows_of[bucket]
 
 
 def test_the_order_follows_the_seed_and_the_split(train_store):

@@ -217,9 +217,9 @@ class TranslateProblem(abc.ABC):
     return [f"{self.name}-{split}-{i:05d}-of-{num_shards:05d}.tfrecord"
             for i in range(num_shards)]
 
-  def snapshot(self, data_dir: str) -> DataSnapshot:
+  def snapshot(self, data_dir: str, vocab_only: bool = False) -> DataSnapshot:
     """`data_dir` as its datagen left it, its manifest read once (see problems.snapshot)."""
-    return DataSnapshot(self, data_dir)
+    return DataSnapshot(self, data_dir, vocab_only)
 
   def manifest(self, data_dir: str) -> dict:
     return self.snapshot(data_dir).manifest
@@ -233,7 +233,7 @@ class TranslateProblem(abc.ABC):
     return self.snapshot(data_dir).store(split)
 
   def get_vocab(self, data_dir: str) -> vocab_lib.SubwordVocab:
-    return self.snapshot(data_dir).vocab()
+    return self.snapshot(data_dir, vocab_only=True).vocab()
 
   def vocab_size_in(self, data_dir: str | None) -> int:
     """The real vocabulary size when data exists, else the problem's nominal size."""

@@ -23,12 +23,18 @@ TRAINING_SPLITS = ("train", "train_sampled")
 
 
 class DataSnapshot:
-  """One read of `data_dir`'s manifest for `problem`, and what it names."""
+  """One read of `data_dir`'s manifest for `problem`, and what it names. With `vocab_only`,
+  a folder without a manifest is read as its vocabulary file alone (what decoding and export
+  need of a model's data: a deployed model's folder, say)."""
 
-  def __init__(self, problem, data_dir: str):
+  def __init__(self, problem, data_dir: str, vocab_only: bool = False):
     self.problem, self.data_dir = problem, data_dir
     path = problem.manifest_file(data_dir)
+    self._vocab, self.digest = None, None
     if not os.path.isfile(path):
+      if vocab_only:
+        self.manifest, self.folder = {"dir": "", "splits": {}}, data_dir
+        return
       raise UsageError(f"no prepared data for problem {problem.name} in {data_dir} "
                        f"({os.path.basename(path)} is missing); run t2t-lite-datagen "
                        f"--problem={problem.name} --data_dir={data_dir} --tmp_dir=<raw data>")
@@ -37,7 +43,6 @@ class DataSnapshot:
     self.digest = hashlib.sha256(raw).hexdigest()
     self.manifest = formats.data_manifest(json.loads(raw))
     self.folder = os.path.join(data_dir, self.manifest["dir"])
-    self._vocab = None
 
   @property
   def splits(self) -> dict:
