@@ -32,10 +32,11 @@ def test_two_mirrored_replicas_equal_one_replica_with_double_batches():
   assert set(figures["apply_ops"].values()) == {figures["variables"]}, figures
 
 
-def _final_values(output_dir):
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
-  return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(
-      tf.train.latest_checkpoint(output_dir))
+def _final_values(output_dir, name=None):
+  """The model's values in checkpoint `name` of `output_dir` (default: the newest)."""
+  path = os.path.join(output_dir, name) if name else tf.train.latest_checkpoint(output_dir)
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
           if name.startswith("model/") and name.endswith("VARIABLE_VALUE")}
 
 
@@ -60,14 +61,15 @@ def _flags(data_dir):
 @pytest.fixture(scope="module")
 def two_worker_run(sampled_data, tmp_path_factory):
   """3 updates (n=2) by 2 worker processes over TF_CONFIG, saving after each (ckpt-4, 8 and
-  12, named by the micro-batches of both), and by one process with 2 mirrored replicas, run
-  side by side; the third update reads the sampled segmentations (see _flags)."""
+  12, named by the micro-batches of both), and 4 by one process with 2 mirrored replicas
+  (saving after each too: the unbroken run of the moves below), run side by side; the third
+  update reads the sampled segmentations (see _flags)."""
   root = tmp_path_factory.mktemp("two_workers")
   mirrored_dir, workers_dir = str(root / "mirrored"), str(root / "workers")
   flags = _flags(sampled_data)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
-  processes = [_trainer(*flags, "--train_steps=3", "--strategy=mirrored", "--cpu_replicas=2",
-                        f"--output_dir={mirrored_dir}")]
+  processes = [_trainer(*flags, "--train_steps=4", "--strategy=mirrored", "--cpu_replicas=2",
+                        "--save_checkpoints_steps=1", f"--output_dir={mirrored_dir}")]
   for index in range(2):
     env = dict(os.environ, TF_CONFIG=json.dumps(
         {"cluster": cluster, "task": {"type": "worker", "index": index}}))
@@ -75,7 +77,8 @@ def two_worker_run(sampled_data, tmp_path_factory):
                               "--save_checkpoints_steps=1", f"--output_dir={workers_dir}",
                               env=env))
   outputs = _finish(processes)
-  return {"mirrored_dir": mirrored_dir, "workers_dir": workers_dir, "outputs": outputs}
+  return {"mirrored_dir": mirrored_dir, "workers_dir": workers_dir, "outputs": outputs,
+          "data_dir": sampled_data}
 
 
 def test_two_workers_match_two_mirrored_replicas(two_worker_run):
@@ -88,7 +91,8 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
     assert "training segmentations: the one best in updates 1-2, sampled ones after" in out
     assert err.count("update 3: training reads the sampled segmentations from here on") == 1
   workers_dir = two_worker_run["workers_dir"]
-  mirrored, workers = _final_values(two_worker_run["mirrored_dir"]), _final_values(workers_dir)
+  mirrored = _final_values(two_worker_run["mirrored_dir"], "ckpt-12")
+  workers = _final_values(workers_dir)
   assert mirrored.keys() == workers.keys() and len(mirrored) > 20
   scale = max(np.abs(v).max() for v in mirrored.values())
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
@@ -98,11 +102,25 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   assert "eval" not in written  # no evaluation asked for, no empty summaries
   # one run directory: the other worker keeps no checkpoints of its own, nor a marker
   assert "workers" not in written and not [n for n in written if n.startswith(".t2t-lite")]
-  # each worker read only its own 6 of the stream's 12 micro-batches, and together the
-  # examples the mirrored process read
+  # each worker read only its own 6 of the stream's 12 micro-batches: together the examples
+  # of those 12 (the mirrored process read 16, in 4 updates)
   counts = [_examples_read(err) for _, err in two_worker_run["outputs"]]
-  assert counts[0][1:] == (12, 2) and counts[1][1:] == counts[2][1:] == (6, 1), counts
-  assert counts[1][0] + counts[2][0] == counts[0][0] and min(counts[1][0], counts[2][0]) > 0
+  assert counts[0][1:] == (16, 2) and counts[1][1:] == counts[2][1:] == (6, 1), counts
+  assert counts[1][0] + counts[2][0] == _stream_examples(two_worker_run["data_dir"], 12)
+  assert min(counts[1][0], counts[2][0]) > 0
+
+
+def _stream_examples(data_dir, batches):
+  """The examples in the first `batches` micro-batches of _flags's training stream."""
+  from conftest import tiny_hparams
+  from t2t_lite.stream import Batching, TrainingStream
+  problem = registry.problem("translate_ende_multi30k")
+  stores = [problem.training_store(data_dir, split) for split in ("train", "train_sampled")]
+  stream = TrainingStream(stores, Batching.of(tiny_hparams()), 7, 1, [0])
+  for micro_step in range(batches):  # the sampled split from update 3: micro-batch 8
+    stream.micro_batches(micro_step, sampled_from=8)
+  stream.close()
+  return stream.examples_read
 
 
 def _examples_read(err):
@@ -217,9 +235,7 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
                 if flag.startswith("--hparams=") else flag for flag in flags
                 if not flag.startswith("--train_steps")]
   cli("t2t-lite-trainer", *four_steps, "--train_steps=4", check=True)
-  cli("t2t-lite-trainer", *_flags(sampled_data), "--train_steps=4", "--strategy=mirrored",
-      "--cpu_replicas=2", f"--output_dir={tmp_path / 'unbroken'}", check=True)
-  expected, got = _final_values(str(tmp_path / "unbroken")), _final_values(output_dir)
+  expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
   scale = max(float(np.abs(v).max()) for v in expected.values())
   assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5
 

@@ -234,18 +234,18 @@ def test_a_missing_bleu_tokenizer_is_refused_before_training(monkeypatch, tmp_pa
 
 
 def test_start_up_reads_the_manifest_and_the_run_record_once(tiny_run, tmp_path):
-  """Resuming a run for one more update, and the same with an evaluation: the data's
-  manifest is read once (everything of the data comes from that snapshot) and the run
-  record once."""
+  """Resuming a run for one more update, with an evaluation at its end: the data's manifest
+  is read once (everything of the data comes from that snapshot, the evaluation's dev files
+  included) and the run record once."""
   import subprocess
   import sys
   run = tmp_path / "run"
   shutil.copytree(tiny_run["output_dir"], run)
-  for steps, flags in ((5, NO_EVAL_FLAGS), (6, TINY_FLAGS)):
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "tests", "startup_reads.py"), *flags,
-         f"--data_dir={tiny_run['data_dir']}", f"--output_dir={run}", f"--train_steps={steps}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"trained {steps} updates" in result.stdout
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"manifest": 1, "record": 1}
+  flags = [flag for flag in TINY_FLAGS if not flag.startswith("--local_eval_frequency")]
+  result = subprocess.run(
+      [sys.executable, os.path.join(REPO, "tests", "startup_reads.py"), *flags,
+       "--local_eval_frequency=5", f"--data_dir={tiny_run['data_dir']}", f"--output_dir={run}",
+       "--train_steps=5"], capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "trained 5 updates" in result.stdout and "eval at update 5" in result.stderr
+  assert json.loads(result.stdout.strip().splitlines()[-1]) == {"manifest": 1, "record": 1}
