@@ -170,8 +170,7 @@ def _resolve():
 
 
 def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
-  from t2t_lite import rundir, steps
-  previous = start.record
+  from t2t_lite import steps
 
   tf = common.import_tensorflow(before_devices=_resolve_cluster)
   from t2t_lite import distribute
@@ -185,18 +184,7 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
       distribute.agree(strategy, _settings(start.snapshot, hparams, seed))
   plan = steps.plan(hparams, replicas, FLAGS.train_steps)
   vocab_size = start.snapshot.vocab().size if start.snapshot else problem.vocab_size_in(data_dir)
-  params = rundir.parameter_count(hparams, vocab_size)
-  accumulators = params * 4 if plan.accumulation.needs_accumulators else 0
-  summary = [f"hparams set: {hparams_set}"
-             + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
-             f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
-             f"parameters: {params:,} ({_format_bytes(params * 4)} float32)",
-             f"Adam slots: {_format_bytes(params * 8)}; accumulators: "
-             f"{_format_bytes(accumulators)}"
-             + (" (none with accumulate steps 1)" if not accumulators else "")]
-  if FLAGS.xla_compile:
-    summary.append("XLA: forward and backward pass compiled once per batch shape (training "
-                   "batches padded to their length bucket's boundary)")
+  summary = _summary(problem, hparams, hparams_set, plan, vocab_size)
   if FLAGS.dry_run:
     print("\n".join(summary))
     print("hparams:")
@@ -209,8 +197,43 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
   tf.keras.utils.set_random_seed(seed)
   from t2t_lite import train
   os.makedirs(FLAGS.output_dir, exist_ok=True)
+  trainer = train.Trainer(hparams, problem, plan, _run_options(data_dir, seed, start.record),
+                          strategy, is_chief, task, start=start)
+  trainer.restore()  # a resume it refuses (another layout, say) writes nothing
+  if is_chief:
+    _record(trainer, start, hparams_set, data_dir, vocab_size, seed)
+  print("\n".join(summary), flush=True)
+  result = trainer.train()
+  print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
+        f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
+        f"{result['checkpoint']}", flush=True)
+  if FLAGS.strategy == "multi_worker":
+    distribute.leave_cluster(is_chief)
+
+
+def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[str]:
+  """What the run will do, printed before it trains (and alone with --dry_run)."""
+  from t2t_lite import rundir
+  params = rundir.parameter_count(hparams, vocab_size)
+  accumulators = params * 4 if plan.accumulation.needs_accumulators else 0
+  summary = [f"hparams set: {hparams_set}"
+             + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
+             f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
+             f"parameters: {params:,} ({_format_bytes(params * 4)} float32)",
+             f"Adam slots: {_format_bytes(params * 8)}; accumulators: "
+             f"{_format_bytes(accumulators)}"
+             + (" (none with accumulate steps 1)" if not accumulators else "")]
+  if FLAGS.xla_compile:
+    summary.append("XLA: forward and backward pass compiled once per batch shape (training "
+                   "batches padded to their length bucket's boundary)")
+  return summary
+
+
+def _run_options(data_dir: str, seed: int, previous: dict | None):
+  """The flags of the run, as the library's option groups."""
+  from t2t_lite import train
   from t2t_lite.decide import Checkpointing, Evaluation, Stopping
-  options = train.RunOptions(
+  return train.RunOptions(
       output_dir=FLAGS.output_dir, data_dir=data_dir, seed=seed,
       checkpointing=Checkpointing(
           save_steps=FLAGS.save_checkpoints_steps, save_secs=FLAGS.save_checkpoints_secs,
@@ -228,26 +251,21 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
       warm_start_optimizer=FLAGS.warm_start_optimizer,
       allow_hparams_change=FLAGS.allow_hparams_change,
       allow_stream_change=FLAGS.allow_stream_change, xla_compile=FLAGS.xla_compile)
-  trainer = train.Trainer(hparams, problem, plan, options, strategy, is_chief, task,
-                          start=start)
-  trainer.restore()  # a resume it refuses (another layout, say) writes nothing
-  if is_chief:
-    meta = {"hparams_set": hparams_set, "problem": problem.name,
-            "train_minutes": _train_minutes(previous),
-            "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
-            "data": rundir.data_record(start.snapshot), "random_seed": seed,
-            "hparams": hparams.values()}
-    warm_started_from = trainer.warm_started_from or (previous or {}).get("warm_started_from")
-    if warm_started_from:
-      meta["warm_started_from"] = os.path.abspath(warm_started_from)
-    rundir.write_meta(FLAGS.output_dir, meta)
-  print("\n".join(summary), flush=True)
-  result = trainer.train()
-  print(f"trained {result['updates']} updates ({result['micro_steps']} micro-steps) in "
-        f"{result['train_seconds']:.0f}s: {result['stop_reason']}; checkpoint "
-        f"{result['checkpoint']}", flush=True)
-  if FLAGS.strategy == "multi_worker":
-    distribute.leave_cluster(is_chief)
+
+
+def _record(trainer, start, hparams_set: str, data_dir: str, vocab_size: int, seed: int):
+  """The run's record (hparams.json), written by the chief once the resume is accepted."""
+  from t2t_lite import rundir
+  previous = start.record
+  meta = {"hparams_set": hparams_set, "problem": trainer.problem.name,
+          "train_minutes": _train_minutes(previous),
+          "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
+          "data": rundir.data_record(start.snapshot), "random_seed": seed,
+          "hparams": trainer.hparams.values()}
+  warm_started_from = trainer.warm_started_from or (previous or {}).get("warm_started_from")
+  if warm_started_from:
+    meta["warm_started_from"] = os.path.abspath(warm_started_from)
+  rundir.write_meta(FLAGS.output_dir, meta)
 
 
 def _settings(snapshot, hparams, seed: int) -> dict[str, str]:
