@@ -192,19 +192,22 @@ class Checkpoints:
 
 
 def newest_first(directory: str, what_follows: str = "reading the newest") -> list[str]:
-  """A run's checkpoints, newest first: those its state file lists; without a readable
-  state file (checkpoints copied without it, say), the ckpt-N found on disk, so that no
-  reader of a run (the trainer, the decoder, the averager, warm start, the exporter,
-  translate-all) takes a run that has checkpoints for one that has none. `what_follows`:
-  what the warning about the missing state file says the reader does."""
+  """A run's checkpoints, newest first: those its state file lists (and are there); without a
+  readable state file (checkpoints copied without it, say), the ckpt-N found on disk, so
+  that no reader of a run (the trainer, the decoder, the averager, warm start, the
+  exporter) takes a run that has checkpoints for one that has none. (translate-all scores
+  the ckpt-N on disk, and reads the state file only to skip one still being written.)
+  `what_follows`: what the warning about the missing state file says the reader does."""
   try:
     state = tf.train.get_checkpoint_state(directory)
   except Exception as err:  # noqa: BLE001  (a damaged state file: many error types)
     logging.warning("the checkpoint state file in %s is unreadable (%s)", directory,
                     str(err).strip().splitlines()[0][:160] if str(err).strip() else err)
     state = None
-  if state is not None and state.all_model_checkpoint_paths:
-    return list(reversed(state.all_model_checkpoint_paths))
+  listed = [path for path in reversed(state.all_model_checkpoint_paths if state else [])
+            if tf.io.gfile.exists(path + ".index")]  # (those deleted by hand: not there)
+  if listed:
+    return listed
   on_disk = sorted((checkpoint_number(name[:-len(".index")]), name[:-len(".index")])
                    for name in (os.listdir(directory) if os.path.isdir(directory) else [])
                    if re.fullmatch(r"ckpt-\d+\.index", name))

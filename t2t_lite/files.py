@@ -66,7 +66,12 @@ def atomic_path(path: str):
     yield tmp
     _sync(tmp)
     os.replace(tmp, path)
-    _sync(os.path.dirname(os.path.abspath(path)))
+    try:  # (some filesystems cannot sync a folder, or open one to sync it: the file is in)
+      _sync(os.path.dirname(os.path.abspath(path)))
+    except OSError as err:
+      if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES,
+                           errno.EPERM, errno.EISDIR):
+        raise
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)

@@ -84,9 +84,11 @@ class SplitPlan:
       raise UsageError(f"no training example is within max_length={batching.max_length} "
                        f"(the shortest is {int(longest.min(initial=0))} ids long); raise "
                        "max_length")
-    # One sort key: the longer side, then the target's length.
-    self._key = (longest[self.kept].astype(np.int32) * (batching.max_length + 1)
-                 + lengths[self.kept, 1].astype(np.int32))
+    # One sort key: the longer side, then the target's length (int64 for lengths whose
+    # square passes int32).
+    key_type = np.int32 if (batching.max_length + 1) ** 2 < 2 ** 31 else np.int64
+    self._key = (longest[self.kept].astype(key_type) * (batching.max_length + 1)
+                 + lengths[self.kept, 1].astype(key_type))
     self.starts, self.widths = cut_by_buckets(np.sort(self._key) // (batching.max_length + 1),
                                               batching)
     self._epoch = None  # (number, examples in sorted order, batch order)

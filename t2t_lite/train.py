@@ -236,7 +236,10 @@ class Trainer:
       except (RunError, UsageError, OSError):
         raise  # a diverging run keeps its last good checkpoint; a full disk would fail again
       except Exception as err:
-        raise self._saved_failure(err) from err
+        failure = self._saved_failure(err)
+        if failure is err:
+          raise
+        raise failure from err
 
   def _saved_failure(self, err: Exception) -> Exception:
     """A failure outside the compiled steps, saved first when the state is consistent: not

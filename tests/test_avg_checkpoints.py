@@ -128,3 +128,19 @@ def test_every_reader_of_a_run_falls_back_to_its_checkpoints_without_a_state_fil
   assert checkpoints.warm_start_source(run_copy) == newest
   _, paths = avg_checkpoints.average(run_copy, 2, str(tmp_path / "avg"))
   assert [os.path.basename(p) for p in paths] == ["ckpt-4", "ckpt-8"]
+
+
+def test_checkpoints_the_state_file_lists_but_are_gone_are_not_offered(run_copy):
+  """Deleted by hand, the state file's newest is skipped; with none left on disk, warm start
+  says the folder holds no checkpoint (not TensorFlow's file-not-found)."""
+  from t2t_lite import checkpoints
+  from t2t_lite.errors import UsageError
+  for name in os.listdir(run_copy):
+    if name.startswith("ckpt-8."):
+      os.remove(os.path.join(run_copy, name))
+  assert checkpoints.newest_first(run_copy) == [os.path.join(run_copy, "ckpt-4")]
+  for name in os.listdir(run_copy):
+    if name.startswith("ckpt-4."):
+      os.remove(os.path.join(run_copy, name))
+  with pytest.raises(UsageError, match="holds no checkpoint"):
+    checkpoints.warm_start_source(run_copy)

@@ -697,3 +697,14 @@ def test_data_made_before_the_store_is_refused_by_the_trainer_and_completed_by_d
                                 f"--tmp_dir={data_dir / 'raw'}", check=True).stdout
   cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={data_dir}",
       f"--output_dir={tmp_path / 'run'}", "--train_steps=2", check=True)
+
+
+def test_a_damaged_manifest_is_a_usage_error_naming_it(multi30k_data, tmp_path):
+  data_dir = tmp_path / "data"
+  shutil.copytree(multi30k_data, data_dir)
+  manifest = data_dir / "translate_ende_multi30k.manifest.json"
+  problem = registry.problem("translate_ende_multi30k")
+  for damage in ("[]", '{"splits": 3}', "{not json"):
+    manifest.write_text(damage)
+    with pytest.raises(UsageError, match=f"{manifest} is not a t2t-lite-datagen manifest"):
+      problem.snapshot(str(data_dir))

@@ -41,7 +41,13 @@ class DataSnapshot:
     with open(path, "rb") as f:
       raw = f.read()
     self.digest = hashlib.sha256(raw).hexdigest()
-    self.manifest = formats.data_manifest(json.loads(raw))
+    try:
+      self.manifest = formats.data_manifest(json.loads(raw))
+      self.manifest["splits"].items()
+    except (ValueError, TypeError, KeyError, AttributeError):
+      raise UsageError(f"{path} is not a t2t-lite-datagen manifest (damaged, or written by "
+                       f"something else); run t2t-lite-datagen --problem={problem.name} "
+                       f"--data_dir={data_dir} again") from None
     self.folder = os.path.join(data_dir, self.manifest["dir"])
 
   @property
