@@ -4,7 +4,8 @@ format only.
 
 - Run records (`hparams.json`): runs from before the data record and the seed have `data`
   and `random_seed` set to None (nothing to compare; the --random_seed flag applies), and
-  from before the time budget was recorded `train_minutes` None (--train_minutes applies);
+  from before the time budget was recorded `train_minutes` None (--train_minutes applies),
+  and from before the batch plan was recorded `xla_compile` None (not compared);
   an hparam added since records began takes the value that reproduces what the run did
   before it existed (ADDED_HPARAMS: no dropout ramp, one accumulate n, the training split
   from the start), and the hparams no version reads any more (hparams.RETIRED) are dropped.
@@ -58,7 +59,8 @@ def run_record(meta: dict | None) -> dict | None:
   """The current form of a run record (None stays None: no run there)."""
   if meta is None:
     return None
-  meta = {"data": None, "random_seed": None, "train_minutes": None, **meta}
+  meta = {"data": None, "random_seed": None, "train_minutes": None, "xla_compile": None,
+          **meta}
   if isinstance(meta.get("hparams"), dict):
     meta["hparams"] = {**ADDED_HPARAMS, **{name: value for name, value in
                                            meta["hparams"].items() if name not in RETIRED}}

@@ -7,23 +7,24 @@ split's store (problems.store). Epoch e of a split:
   1. the examples no longer than max_length, in a seeded random order (seed, split, e): a
      global shuffle, not a window;
   2. sorted (stably) by length: the longer of source and target, then the target's;
-  3. grouped into tensor2tensor's length buckets (min_length_bucket, x length_bucket_step)
-     and each bucket cut, in that order, into batches of its row count, batch_size //
-     (boundary - 1), so that rows x longest never exceeds batch_size;
+  3. cut, in that order, into batches of at most batch_size tokens counting padding (rows x
+     the longest row, tensor2tensor's measure), as fairseq's batch_by_size does; with
+     `pad_to_bucket_boundary` (--xla_compile: one shape per bucket, but for each bucket's
+     last batch of an epoch) into tensor2tensor's length buckets of a fixed row count each,
+     padded to the bucket's boundary;
   4. the batches in a seeded random order.
-Each batch is padded to its own longest source and target, or with `pad_to_bucket_boundary`
-(--xla_compile) to its bucket's boundary: the same batches either way, so a run may turn XLA
-on or off when it resumes. Sorting leaves the same lengths in the same places whatever the
-shuffle, so every epoch has the same number of batches K, and batch g of the endless stream
-is batch g mod K of epoch g div K. The data position is therefore the number of batches done
-(the micro-step counter times the replicas, in the checkpoint) plus, with subword sampling,
-where the sampled split began: integers, on any layout and any number of workers.
+Sorting leaves the same lengths in the same places whatever the shuffle, so every epoch has
+the same number of batches K, and batch g of the endless stream is batch g mod K of epoch
+g div K. The data position is therefore the number of batches done (the micro-step counter
+times the replicas, in the checkpoint) plus, with subword sampling, where the sampled split
+began: integers, on any layout and any number of workers.
 
-Sorted within a bucket, a batch holds sentences of nearly one length: on Multi30k with
-transformer_multi30k_cpu, 5.0% of its slots are padding, against 5.6% for fairseq's cut
-by tokens over the sorted examples (which fills batches 12% fuller, and so would change the
-tokens per update of every recipe) and more for the tf.data buckets on a shuffled stream
-that this replaced (docs/performance.md).
+Why the cut by tokens (Multi30k, transformer_multi30k_cpu, measured in docs/performance.md):
+its batches hold as many target tokens as the tf.data buckets on a shuffled stream that
+this replaced (3,790 against 3,841 an update), with less padding (5.6% of the slots against
+7.0%); the buckets sorted within pad least (5.0%) but leave each bucket's last batch of an
+epoch part-empty, which on a small corpus cuts the tokens per update by 14% and changes
+what recipes were tuned with.
 """
 
 from __future__ import annotations
@@ -52,6 +53,23 @@ class Batching:
   def of(cls, hparams, pad_to_bucket_boundary: bool = False) -> "Batching":
     return cls(hparams.batch_size, hparams.max_length, hparams.min_length_bucket,
                hparams.length_bucket_step, pad_to_bucket_boundary)
+
+
+def cut_by_tokens(longest: np.ndarray, batch_size: int) -> np.ndarray:
+  """Where the batches of examples sorted by `longest` (ascending) start, and the end: each
+  batch as many rows as fit rows x its longest <= batch_size."""
+  starts, start, count = [0], 0, len(longest)
+  while start < count:
+    low, high = start + 1, min(start + max(batch_size // int(longest[start]), 1), count)
+    while low < high:  # the most rows that fit: (rows) x longest[start + rows - 1]
+      middle = (low + high + 1) // 2
+      if (middle - start) * int(longest[middle - 1]) <= batch_size:
+        low = middle
+      else:
+        high = middle - 1
+    start = low
+    starts.append(start)
+  return np.asarray(starts, np.int64)
 
 
 def cut_by_buckets(longest: np.ndarray, batching: Batching) -> tuple[np.ndarray, np.ndarray]:
@@ -89,8 +107,12 @@ class SplitPlan:
     key_type = np.int32 if (batching.max_length + 1) ** 2 < 2 ** 31 else np.int64
     self._key = (longest[self.kept].astype(key_type) * (batching.max_length + 1)
                  + lengths[self.kept, 1].astype(key_type))
-    self.starts, self.widths = cut_by_buckets(np.sort(self._key) // (batching.max_length + 1),
-                                              batching)
+    sorted_longest = np.sort(self._key) // (batching.max_length + 1)
+    if batching.pad_to_bucket_boundary:
+      self.starts, self.widths = cut_by_buckets(sorted_longest, batching)
+    else:
+      self.starts = cut_by_tokens(sorted_longest, batching.batch_size)
+      self.widths = np.zeros(self.batches_per_epoch, np.int32)
     self._epoch = None  # (number, examples in sorted order, batch order)
 
   @property
@@ -121,7 +143,7 @@ class SplitPlan:
     examples, batch_order = self._order(epoch)
     index = int(batch_order[within])
     rows = examples[self.starts[index]:self.starts[index + 1]]
-    return rows, (int(self.widths[index]) if self.batching.pad_to_bucket_boundary else 0)
+    return rows, int(self.widths[index])
 
 
 class TrainingStream:

@@ -101,12 +101,13 @@ def test_a_run_record_from_before_the_data_record_reads_as_not_recorded(tmp_path
   assert meta["data"] is None and meta["random_seed"] is None
   assert meta["data_dir"] == "data/x"
   assert formats.run_record(None) is None
-  current = {"data": {"problem": "p"}, "random_seed": 7, "train_minutes": 0.0}
+  current = {"data": {"problem": "p"}, "random_seed": 7, "train_minutes": 0.0,
+             "xla_compile": False}
   assert formats.run_record(current) == current
   # A run from before the segmentation switch read its one training split from the start
   # (and the other hparams added since: test_a_run_recorded_before_an_hparam_existed_...).
   assert meta["hparams"] == formats.ADDED_HPARAMS
-  recorded = {"data": None, "random_seed": 7, "train_minutes": 0.0,
+  recorded = {"data": None, "random_seed": 7, "train_minutes": 0.0, "xla_compile": None,
               "hparams": {**formats.ADDED_HPARAMS, "subword_sampling_start": 100,
                           "subword_sampling_min_updates": 9}}
   assert formats.run_record(recorded) == recorded

@@ -77,12 +77,18 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data, 
 
 
 def test_xla_compile_continues_a_run(tiny_run, tmp_path):
-  """A run trained without XLA resumes with --xla_compile: the data iterator restores into
-  the pipeline padded to bucket boundaries, and the compiled passes train on."""
+  """A run trained without XLA resumes with --xla_compile only when told that its batches
+  change (XLA's are planned in buckets, one shape each); the compiled passes train on."""
   copy = str(tmp_path / "run")
   shutil.copytree(tiny_run["output_dir"], copy)
+  refused = cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--output_dir={copy}", "--train_steps=5",
+                "--xla_compile")
+  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+      f"t2t-lite-trainer: error: {copy} was trained without --xla_compile, which plans its "
+      "training batches by tokens; resume it without the flag, or pass --allow_stream_change "
+      "to go on with the other plan's batches"), refused.stderr[-2000:]
   resumed = cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--output_dir={copy}",
-                "--train_steps=5", "--xla_compile", check=True)
+                "--train_steps=5", "--xla_compile", "--allow_stream_change", check=True)
   assert "XLA: forward and backward pass compiled once per batch shape" in resumed.stdout
   assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
   loss = lambda stderr, at: float(next(  # noqa: E731

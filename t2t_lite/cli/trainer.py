@@ -67,10 +67,10 @@ flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, pro
 flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
                   "hparams set or changed values.")
-flags.DEFINE_bool("allow_stream_change", False, "Resume a checkpoint written by an earlier "
-                  "t2t-lite that kept its data position as a tf.data iterator: training "
-                  "continues at its update on the planned stream (other batches than it would "
-                  "have read).")
+flags.DEFINE_bool("allow_stream_change", False, "Resume a run on another training stream "
+                  "than it was reading: a checkpoint of an earlier t2t-lite (its data position "
+                  "a tf.data iterator), or a run whose --xla_compile changed (which plans the "
+                  "batches in buckets); training continues at its update on the new stream.")
 flags.DEFINE_bool("deterministic", False, "Deterministic TensorFlow ops (slower).")
 flags.DEFINE_bool("xla_compile", False, "Compile each micro-step's forward and backward pass "
                   "with XLA, once per batch shape; training batches are padded to their "
@@ -155,6 +155,7 @@ def _resolve():
   if not FLAGS.dry_run:
     common.require(data_dir, "data_dir", "data/multi30k_ende")
   seed = _from_run(previous, "random_seed", "random_seed")
+  _check_stream_flags(previous)
   snapshot = None
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
     snapshot = problem.snapshot(data_dir)  # everything of the data comes from this read
@@ -258,7 +259,7 @@ def _record(trainer, start, hparams_set: str, data_dir: str, vocab_size: int, se
   from t2t_lite import rundir
   previous = start.record
   meta = {"hparams_set": hparams_set, "problem": trainer.problem.name,
-          "train_minutes": _train_minutes(previous),
+          "train_minutes": _train_minutes(previous), "xla_compile": FLAGS.xla_compile,
           "data_dir": os.path.abspath(data_dir), "vocab_size": vocab_size,
           "data": rundir.data_record(start.snapshot), "random_seed": seed,
           "hparams": trainer.hparams.values()}
@@ -294,6 +295,19 @@ def _train_minutes(recorded: dict | None) -> float:
   from t2t_lite import rundir
   return rundir.train_minutes(recorded, FLAGS.train_minutes if FLAGS["train_minutes"].present
                               else None)
+
+
+def _check_stream_flags(recorded: dict | None) -> None:
+  """--xla_compile plans the training batches in buckets (one shape each), without it they
+  are cut by tokens: a run resumed with the other setting would read other batches."""
+  before = (recorded or {}).get("xla_compile")
+  if before is None or before == FLAGS.xla_compile or FLAGS.allow_stream_change:
+    return
+  raise UsageError(f"{FLAGS.output_dir} was trained {'with' if before else 'without'} "
+                   "--xla_compile, which plans its training batches "
+                   f"{'in length buckets' if before else 'by tokens'}; resume it "
+                   f"{'with' if before else 'without'} the flag, or pass "
+                   "--allow_stream_change to go on with the other plan's batches")
 
 
 def _from_run(recorded: dict | None, flag: str, key: str):
