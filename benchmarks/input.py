@@ -205,14 +205,14 @@ def table_rows(results: dict) -> list[str]:
     rows.append(f"| plan of {plan['pairs']:,} synthetic pairs (transformer_base batches): time, "
                 f"memory held (lengths) | {plan['seconds']:.2f} s for {plan['batches']:,} "
                 f"batches, {plan['plan_mib']:.0f} MiB ({plan['lengths_mib']:.0f} MiB) |")
-  cells = []
+  cells, updates = [], 0
   for workers in (1, 2, 4):
     run = results.get(f"input/workers={workers}", {})
     if "read" in run:
-      per_update = [round(examples / run["updates"]) for examples, _ in run["read"]]
-      cells.append(f"{workers}: {' + '.join(map(str, per_update))} = {sum(per_update)}")
+      read, updates = [examples for examples, _ in run["read"]], run["updates"]
+      cells.append(f"{workers}: {' + '.join(map(str, read))} = {sum(read)}")
   if cells:
-    rows.append("| examples read per update by each of N localhost workers "
+    rows.append(f"| examples read in {updates} updates by each of N localhost workers "
                 f"(transformer_tiny, 4 micro-batches an update) | {'; '.join(cells)} |")
   return rows
 

@@ -97,7 +97,8 @@ def test_the_input_workers_before_and_after(multi30k_data):
   rows = "\n".join(input_bench.table_rows(results))
   assert "| input of one worker's micro-step at 64 replica(s)" in rows
   assert "| plan of 20,000 synthetic pairs" in rows
-  assert "4 micro-batches an update) | 2: 150 + 155 = 305 |" in rows
+  assert "examples read in 2 updates by each of N localhost workers (transformer_tiny, 4 " \
+      "micro-batches an update) | 2: 300 + 310 = 610 |" in rows
 
 
 def test_the_table_goes_between_the_markers_of_its_page(tmp_path):
