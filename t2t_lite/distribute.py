@@ -266,7 +266,7 @@ def digest(text: str) -> float:
 
 
 def check_shared_directory(strategy: tf.distribute.Strategy, is_chief: bool, task: str,
-                           directory: str, wait_seconds: float = 10.0) -> None:
+                           directory: str, wait_seconds: float = 5.0) -> None:
   """Refuses the run on every worker when a worker cannot see the files the chief writes in
   `directory` (its checkpoints, which every worker resumes from): the chief writes a marker
   named by a number it sends to all, which the others look for (a shared filesystem may show

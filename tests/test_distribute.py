@@ -148,26 +148,6 @@ def _remove_checkpoint(directory, name, state_too=False):
       os.remove(os.path.join(directory, file))
 
 
-def test_a_stale_workers_folder_cannot_roll_a_run_back(two_worker_run, sampled_data,
-                                                      tmp_path):
-  """A run of an earlier version kept the other workers' checkpoints in workers/<task>; an
-  old one there (ckpt-4) does not pull the run back: both resume from the chief's ckpt-12,
-  and the folder is left as it was."""
-  workers_dir = str(tmp_path / "workers")
-  shutil.copytree(two_worker_run["workers_dir"], workers_dir)
-  stale = os.path.join(workers_dir, "workers", "worker-1")
-  os.makedirs(stale)
-  for name in os.listdir(workers_dir):
-    if name.startswith("ckpt-4."):
-      shutil.copy(os.path.join(workers_dir, name), stale)
-  before = sorted(os.listdir(stale))
-  for process, _, err in _two_workers(sampled_data, workers_dir, train_steps=4):
-    assert process.returncode == 0, err[-3000:]
-    assert f"resumed from {workers_dir}/ckpt-12: update 3" in err, err[-3000:]
-    assert "update 4/4 (micro-step 8)" in err
-  assert sorted(os.listdir(stale)) == before
-
-
 def test_workers_that_differ_or_share_no_output_dir_are_refused(sampled_data,
                                                                  multi30k_data, tmp_path):
   """A worker with another --train_steps and another vocabulary: both workers stop before
@@ -204,9 +184,10 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
   """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and
   save. Resumed, worker 1 is SIGKILLed in update 3: worker 0 exits with one line naming it,
   within 60 s. The run then moves, with the same tokens per update, to 4 workers (n = 1)
-  for update 3 and to one process (n = 4) for update 4, and ends where a run of 2 mirrored
-  replicas never stopped or moved ends; each of the 4 workers read 1 of the update's 4
-  micro-batches."""
+  for update 3 (a stale workers/ folder of an earlier version beside it, which neither rolls
+  it back nor is touched) and to one process (n = 4) for update 4, and ends where a run of 2
+  mirrored replicas never stopped or moved ends; each of the 4 workers read 1 of the
+  update's 4 micro-batches."""
   output_dir = str(tmp_path / "run")
   flags = [*_flags(sampled_data), "--train_steps=3", "--save_checkpoints_steps=1",
            f"--output_dir={output_dir}"]
@@ -224,6 +205,14 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
                                     "worker-1 went away"), chief.lines[-1]
   assert chief.ended - other.ended < 60
 
+  # A run of an earlier version kept the other workers' checkpoints in workers/<task>: an
+  # old one there (ckpt-4) does not pull the run back, and the folder is left as it was.
+  stale = os.path.join(output_dir, "workers", "worker-1")
+  os.makedirs(stale)
+  for name in os.listdir(output_dir):
+    if name.startswith("ckpt-4."):
+      shutil.copy(os.path.join(output_dir, name), stale)
+  before = sorted(os.listdir(stale))
   one_step = [f"{flag},optimizer_multistep_accumulate_steps=1" if flag.startswith("--hparams=")
               else flag for flag in flags]
   for worker in finish(start_workers(one_step, count=4)):
@@ -231,6 +220,7 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
     assert "resumed on another layout: from 2 replicas x 2 micro-steps per update to 4 " \
            "replicas x 1 micro-step per update" in worker.err
     assert _examples_read(worker.err)[1:] == (1, 1)
+  assert sorted(os.listdir(stale)) == before
   four_steps = [f"{flag},optimizer_multistep_accumulate_steps=4"
                 if flag.startswith("--hparams=") else flag for flag in flags
                 if not flag.startswith("--train_steps")]
