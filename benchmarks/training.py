@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import (REPO, import_tf, peak_rss_mib, run_worker, synthetic_batch,
-                               worker_main)
+from benchmarks.common import (REPO, free_ports, import_tf, peak_rss_mib, run_worker,
+                               synthetic_batch, worker_main)
 
 MODULE = "benchmarks.training"
 
@@ -339,15 +339,9 @@ def worker_cluster_member(spec: dict) -> dict:
 
 def worker_cluster(spec: dict) -> dict:
   """Two worker processes on 127.0.0.1, packed sums against one all-reduce per tensor."""
-  import socket
   results = {}
   for packed in (True, False):
-    sockets = [socket.socket() for _ in range(2)]
-    for sock in sockets:
-      sock.bind(("127.0.0.1", 0))
-    cluster = {"worker": [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]}
-    for sock in sockets:
-      sock.close()
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     member = json.dumps({**spec, "kind": "cluster_member", "packed": packed})
     processes = [subprocess.Popen(
         [sys.executable, "-m", MODULE, "--worker", member], cwd=REPO,

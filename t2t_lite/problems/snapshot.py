@@ -33,7 +33,7 @@ class DataSnapshot:
     self._vocab, self.digest = None, None
     if not os.path.isfile(path):
       if vocab_only:
-        self.manifest, self.folder = {"dir": "", "splits": {}}, data_dir
+        self.manifest, self.folder = {"dir": "", "splits": {}}, problem.files_dir(data_dir, {})
         return
       raise UsageError(f"no prepared data for problem {problem.name} in {data_dir} "
                        f"({os.path.basename(path)} is missing); run t2t-lite-datagen "
@@ -48,7 +48,7 @@ class DataSnapshot:
       raise UsageError(f"{path} is not a t2t-lite-datagen manifest (damaged, or written by "
                        f"something else); run t2t-lite-datagen --problem={problem.name} "
                        f"--data_dir={data_dir} again") from None
-    self.folder = os.path.join(data_dir, self.manifest["dir"])
+    self.folder = problem.files_dir(data_dir, self.manifest)
 
   @property
   def splits(self) -> dict:
@@ -60,7 +60,7 @@ class DataSnapshot:
 
   @property
   def vocab_path(self) -> str:
-    return os.path.join(self.folder, f"{self.problem.name}.vocab.model")
+    return self.problem.vocab_file(self.data_dir, self.manifest)
 
   def vocab(self) -> vocab_lib.SubwordVocab:
     """The vocabulary (loaded once)."""
@@ -120,10 +120,10 @@ class DataSnapshot:
     for the training splits (which of them a run reads is run_plan.training_splits's to
     say)."""
     for split in self.splits:
-      if split != "test":
-        self.files(split)
       if split in TRAINING_SPLITS:
-        self.store_info(split)
+        self.store_info(split)  # (its shards too)
+      elif split != "test":
+        self.files(split)
 
   def _check_sizes(self, files: list[str], sizes: list) -> None:
     name = self.problem.name
