@@ -7,7 +7,7 @@ replica and micro-step, as rows x max(source length, target length) with padding
 """
 
 from t2t_lite.hparams import HParams
-from t2t_lite.hparams_check import COOLDOWN
+from t2t_lite.hparams_check import COOLDOWN, EMA_REFERENCE_TOKENS
 from t2t_lite.registry import register_hparams
 
 
@@ -55,6 +55,11 @@ def basic_params() -> HParams:
       dropout_ramp_initial=0.0,
       clip_grad_norm=0.0,
       max_consecutive_nonfinite=5,
+      # Ours: a moving average of the weights (t2t_lite.ema), decaying by ema_decay per
+      # ema_reference_tokens target tokens (0: off). 25,000: about the target tokens of one
+      # update of the Transformer paper's batch.
+      ema_decay=0.0,
+      ema_reference_tokens=EMA_REFERENCE_TOKENS,
       # Input, ours: on data made with subword sampling (t2t-lite-datagen
       # --subword_sampling_copies), the updates up to this one read the one best
       # segmentation and the later ones the sampled copies (0: those from the start) ...

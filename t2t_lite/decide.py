@@ -39,15 +39,20 @@ class Checkpointing:
 class Evaluation:
   frequency: int = 1000           # every this many updates; 0 = no evaluation
   steps: int = 100                # dev batches for the dev loss; 0 = the whole dev set
-  bleu_sentences: int = 500       # dev sentences decoded for BLEU; 0 = no BLEU
+  bleu_sentences: int = 500       # dev sentences decoded for the decoded metrics; 0 = none
   beam_size: int = 1
+  # the figures measured (see t2t_lite.evaluation.METRICS)
+  metrics: tuple = ("dev_loss", "dev_perplexity", "dev_bleu", "dev_chrf", "dev_ter")
+  keep_best: int = 1              # the best evaluated checkpoints kept in output_dir/best
+  weights: str = "auto"           # evaluate the moving average (auto, ema) or not (raw)
 
 
 @dataclass(frozen=True)
 class Stopping:
   train_minutes: float = 0.0      # wall-clock budget; 0 = none
   early_stopping_steps: int = 0   # updates without improvement; 0 = no early stopping
-  early_stopping_metric: str = "dev_loss"
+  early_stopping_metric: str = ""  # also ranks the best checkpoints; "": dev_loss with
+                                  # early stopping, else dev_bleu if measured
   early_stopping_delta: float = 0.1
 
 

@@ -81,3 +81,33 @@ def mirrored_against_single(hparams, accumulate_steps: int = 2, updates: int = 3
           "relative_difference": relative_difference(two, one),
           "variables": len(two.variables),
           "apply_ops": apply_ops_by_device(two.update_fn.get_concrete_function())}
+
+
+def average_on_three_layouts(hparams, updates: int = 3, vocab: int = 60) -> dict:
+  """The moving average of the weights (hparams with ema_decay > 0) of one stream of ragged
+  micro-batches on 2 mirrored replicas x n=2, 1 replica x n=4 and 1 replica x n=1 on the
+  batch of the same 4: the averages' relative differences to the last (and the weights'),
+  and how far the average is from the weights. Needs two logical CPU devices."""
+  from t2t_lite.learner import Learner
+  micro = ragged_batches(4 * updates, vocab, seed=9)
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+  strategy = tf.distribute.MirroredStrategy(devices)
+  two = Learner(hparams, vocab, 2, seed=4, strategy=strategy)
+  four = Learner(hparams, vocab, 4, seed=4)
+  one = Learner(hparams, vocab, 1, seed=4)
+  for update in range(updates):
+    group = micro[4 * update:4 * update + 4]
+    for step in range(2):  # micro-step m of replica r reads batch 2m + r of the update
+      pair = group[2 * step:2 * step + 2]
+      two.step(strategy.experimental_distribute_values_from_function(
+          lambda context, pair=pair: pair[context.replica_id_in_sync_group]))
+    for batch in group:
+      four.step(batch)
+    one.step(concat(group))
+  averages = lambda learner: learner.average.averages  # noqa: E731
+  return {"updates": [int(x.update_step.numpy()) for x in (two, four, one)],
+          "average_two_n2": tensors_relative_difference(averages(two), averages(one)),
+          "average_four": tensors_relative_difference(averages(four), averages(one)),
+          "weights_two_n2": relative_difference(two, one),
+          "weights_four": relative_difference(four, one),
+          "average_from_weights": tensors_relative_difference(averages(one), one.variables)}

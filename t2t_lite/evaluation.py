@@ -1,20 +1,22 @@
-"""Evaluation during training: dev loss and perplexity, dev BLEU, the best model so far.
+"""Evaluation during training: the dev figures, the best checkpoints, early stopping.
 
-Dev loss is the plain negative log-likelihood per target token (no label smoothing, as
-tensor2tensor evaluates), so it compares across label_smoothing values and with other
-toolkits; dev perplexity is its exponential. Dev BLEU decodes the first dev sentences and
-scores them with sacreBLEU (tokenizer by target language).
+The figures (`--eval_metrics`, any of metrics.DEV_METRICS):
+- `dev_loss`, the plain negative log-likelihood per target token (no label smoothing, as
+  tensor2tensor evaluates), so it compares across label_smoothing values and with other
+  toolkits; `dev_perplexity`, its exponential;
+- the decoded ones, from one decode of the first `--eval_bleu_sentences` dev sentences,
+  scored by sacreBLEU (see t2t_lite.metrics): `dev_bleu` (tokenizer by target language),
+  `dev_chrf`, `dev_chrfpp` (chrF++) and `dev_ter`.
+Each is a TensorBoard scalar (eval/) and in the eval log line.
 
-The model of the best evaluation is kept in `output_dir/best` (with `best.json`: metric,
-value, update): best by dev BLEU, or by the early-stopping metric when early stopping is on.
-Early stopping (tensor2tensor's eval_early_stopping_*) stops the run once the metric has not
-improved by more than `delta` for `steps` updates; its state lives in `best.json`, so a
-resumed run counts on.
+With a moving average of the weights (ema_decay > 0) the evaluation reads the average (see
+Learner.swap_average) unless --eval_weights=raw. The K best evaluations by the metric the
+run judges by are kept in `output_dir/best` with early stopping's state (t2t_lite.best).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import os
 import time
@@ -23,14 +25,13 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite import data as data_lib
-from t2t_lite import formats
+from t2t_lite import ema as ema_lib
+from t2t_lite.best import BestCheckpoints
 from t2t_lite.decide import Evaluation, Stopping
 from t2t_lite.errors import UsageError
-from t2t_lite.files import write_atomic
-from t2t_lite.formats import BEST_FILE
 
-METRICS = ("dev_loss", "dev_bleu")  # what early stopping may watch
-LOWER_IS_BETTER = {"dev_loss": True, "dev_bleu": False}
+from t2t_lite.metrics import DEV_DECODED as DECODED
+from t2t_lite.metrics import LOWER_IS_BETTER, judged_by
 
 
 class Evaluator:
@@ -42,17 +43,24 @@ class Evaluator:
     self.dev_files, self.output_dir = dev_files, output_dir
     self.options, self.stopping = evaluation, stopping
     self.target_lang = target_lang
-    self.metric = stopping.early_stopping_metric if stopping.early_stopping_steps else "dev_bleu"
-    if evaluation.bleu_sentences > 0:
+    self.metrics = evaluation.metrics
+    self.metric = judged_by(stopping.early_stopping_metric, self.metrics,
+                            stopping.early_stopping_steps > 0)
+    self.decoded = [name[len("dev_"):] for name in self.metrics if name in DECODED]
+    if self.decoded:
       from t2t_lite import metrics
       try:  # checked before training, not at the first evaluation
-        metrics.bleu_tokenizer(target_lang)
+        for name in self.decoded:
+          metrics.scorer(name, target_lang)
       except UsageError as err:
-        raise UsageError(f"dev BLEU during training: {err}; or evaluate without BLEU "
-                         "(--eval_bleu_sentences=0)") from None
-    self.best = self._read_best()  # {"metric", "value", "update", "improved_at"} or None
+        raise UsageError(f"dev {', '.join(self.decoded)} during training: {err}; or evaluate "
+                         "without them (--eval_metrics=dev_loss)") from None
+    self.weights = _evaluated_weights(learner, evaluation.weights)
+    self.best = BestCheckpoints(os.path.join(output_dir, "best"), self.metric,
+                                LOWER_IS_BETTER[self.metric], evaluation.keep_best,
+                                stopping.early_stopping_delta, self.weights)
     self._writer = None  # opened at the first evaluation: a refused run writes nothing
-    self._bleu_inputs = None
+    self._decode_inputs = None
 
   def dev_loss(self) -> float:
     """Negative log-likelihood per non-padding target token over the dev batches."""
@@ -66,100 +74,72 @@ class Evaluator:
       tokens += float(batch_tokens)
     return loss / max(tokens, 1.0)
 
-  def dev_bleu(self) -> float:
+  def decoded_scores(self) -> dict:
+    """{dev_<metric>: score} of the decoded metrics, from one decode of the dev sentences."""
     from t2t_lite import inference, metrics
-    if self._bleu_inputs is None:  # read once; the compiled search is reused too
+    if self._decode_inputs is None:  # read once; the compiled search is reused too
       pairs = list(data_lib.text_examples(self.dev_files)
                    .take(self.options.bleu_sentences).as_numpy_iterator())
       options = inference.DecodeOptions(beam_size=self.options.beam_size)
       run = inference.RunModel(self.learner.model, self.vocab, self.hparams, None, None, "")
-      self._bleu_inputs = ([list(ids) for ids, _ in pairs],
-                           [ref.decode("utf-8") for _, ref in pairs], run.translator(options))
-    sources, references, translate = self._bleu_inputs
-    return metrics.bleu(translate.best(sources), references, self.target_lang).score
+      self._decode_inputs = ([list(ids) for ids, _ in pairs],
+                             [ref.decode("utf-8") for _, ref in pairs], run.translator(options))
+    sources, references, translate = self._decode_inputs
+    scores = metrics.corpus_scores(self.decoded, translate.best(sources), references,
+                                   self.target_lang)
+    return {f"dev_{name}": score for name, (score, _) in scores.items()}
+
+  @contextlib.contextmanager
+  def _evaluated(self):
+    """The model holds the weights evaluated: the moving average, swapped in and back."""
+    swap = self.weights == ema_lib.EMA and self.learner.has_average()
+    if swap:
+      self.learner.swap_average()
+    try:
+      yield
+    finally:
+      if swap:
+        self.learner.swap_average()
 
   def evaluate(self, update: int) -> dict:
     start = time.time()
-    loss = self.dev_loss()
-    results = {"dev_loss": loss, "dev_perplexity": math.exp(min(loss, 700.0))}
-    if self.options.bleu_sentences > 0:
-      results["dev_bleu"] = self.dev_bleu()
+    with self._evaluated():
+      loss = self.dev_loss()
+      figures = {"dev_loss": loss, "dev_perplexity": math.exp(min(loss, 700.0))}
+      if self.decoded:
+        figures.update(self.decoded_scores())
+      figures = {name: figures[name] for name in self.metrics}
+      self.best.record(update, figures, self.learner.model)
     if self._writer is None:
       self._writer = tf.summary.create_file_writer(os.path.join(self.output_dir, "eval"))
     with self._writer.as_default(step=update):
-      for name, value in results.items():
+      for name, value in figures.items():
         tf.summary.scalar(name, value)
-    if self.metric in results:
-      self._record(results[self.metric], update)
-    logging.info("eval at update %d: %s (%.1fs)", update,
-                 ", ".join(f"{k} {v:.4f}" for k, v in results.items()), time.time() - start)
-    return results
+    logging.info("eval at update %d%s: %s (%.1fs)", update,
+                 " (moving average)" if self.weights == ema_lib.EMA else "",
+                 ", ".join(f"{k} {v:.4f}" for k, v in figures.items()), time.time() - start)
+    return figures
 
-  def _better(self, value: float, than: float, by: float = 0.0) -> bool:
-    return value < than - by if LOWER_IS_BETTER[self.metric] else value > than + by
-
-  def _record(self, value: float, update: int) -> None:
-    """The best model so far, and the update of the last improvement by more than delta."""
-    best = self.best
-    if best is not None and not self._better(value, best["value"]):
-      return
-    significant = best is None or self._better(value, best["value"],
-                                               self.stopping.early_stopping_delta)
-    self.best = {"metric": self.metric, "value": value, "update": update,
-                 "improved_at": update if significant else best["improved_at"]}
-    self._save_best(update)
+  def owed(self, update: int) -> bool:
+    """Whether `update`, an evaluation's update that the run resumed at, was saved but not
+    evaluated (the process stopped in between)."""
+    last = self.best.evaluated_at()
+    return last is not None and last < update
 
   def early_stop(self, update: int) -> str | None:
     """Why to stop after this update's evaluation (early stopping), or None."""
-    if not self.stopping.early_stopping_steps or self.best is None:
-      return None
-    since = update - self.best["improved_at"]
-    if since < self.stopping.early_stopping_steps:
-      return None
-    return (f"early stopping: {self.metric} has not improved by more than "
-            f"{self.stopping.early_stopping_delta:g} for {since} updates "
-            f"(best {self.best['value']:.4f} "
-            f"at update {self.best['update']}, kept in {os.path.join(self.output_dir, 'best')})")
+    return self.best.stop_reason(update, self.stopping.early_stopping_steps)
 
   def flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()
 
-  # --- the best model ----------------------------------------------------------------
-  def _read_best(self) -> dict | None:
-    """The best evaluation of this run so far. One judged by another metric is refused, not
-    replaced: saving a new best model would delete the one kept."""
-    best_dir = os.path.join(self.output_dir, "best")
-    best = formats.best_record(best_dir, _read_json)
-    if best is None:
-      return None
-    if best.get("metric") != self.metric:
-      how = ("--eval_early_stopping_steps=K --eval_early_stopping_metric=dev_loss"
-             if best.get("metric") == "dev_loss" else
-             "--eval_early_stopping_metric=dev_bleu (or no early stopping)")
-      raise UsageError(f"{best_dir} holds the best model by {best.get('metric')} and this run "
-                       f"judges by {self.metric}, which would replace it; resume with {how}, "
-                       f"or move {best_dir} away to keep it")
-    return best
 
-  def _save_best(self, update: int) -> None:
-    best_dir = os.path.join(self.output_dir, "best")
-    os.makedirs(best_dir, exist_ok=True)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=self.learner.model),
-                                         best_dir, max_to_keep=1)
-    path = manager.save(checkpoint_number=update)
-    write_atomic(os.path.join(best_dir, BEST_FILE),
-                 json.dumps(dict(self.best, checkpoint=path), indent=2))
-
-
-def _read_json(path: str) -> dict:
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except (OSError, ValueError) as err:
-    raise UsageError(f"{path} is unreadable ({str(err).splitlines()[0][:120]}); restore it, "
-                     f"or move {os.path.dirname(path)} away to start a new best model") from None
-  if not isinstance(value, dict):
-    raise UsageError(f"{path} is not a JSON object; restore it, or move "
-                     f"{os.path.dirname(path)} away to start a new best model")
-  return value
+def _evaluated_weights(learner, choice: str) -> str:
+  """ema or raw: which weights the evaluations read (--eval_weights)."""
+  if choice == ema_lib.RAW or learner.average is None:
+    if choice == ema_lib.EMA:
+      raise UsageError("--eval_weights=ema: this run keeps no moving average of the weights; "
+                       "set --hparams=ema_decay=... or use --eval_weights=raw")
+    return ema_lib.RAW
+  return ema_lib.EMA

@@ -7,14 +7,16 @@
   signal:K  after micro-step K, behave as if SIGTERM had arrived (a stop at a known point);
   nospace:K this process's K-th checkpoint save fails as on a full disk (OSError ENOSPC);
   raise:K   after micro-step K, raise a RuntimeError (a failure outside the compiled steps);
+  evaluate:K  SIGKILL as this process's K-th evaluation begins (its update saved, not yet
+            evaluated);
   nan:K,L,...  poison the loss of micro-steps K, L, ... (1-based) with NaN, so the
             non-finite guard and the loss scale can be tested on real runs;
   export:written  SIGKILL once an export is complete in its temporary directory, just
             before it is renamed into place.
   datagen:written  SIGKILL once a datagen's files are all written, just before its
             manifest is renamed into place.
-Production code always calls `loss`, `after_micro_step`, `save`, `export_written` and
-`datagen_written`;
+Production code always calls `loss`, `after_micro_step`, `save`, `evaluating`,
+`export_written` and `datagen_written`;
 without the variable they are the plain versions, so no code path branches on faults (`loss`
 is applied when the step is traced: without a nan fault the traced graph is unchanged).
 """
@@ -41,6 +43,9 @@ class NoFaults:
   def save(self, manager, checkpoint, number: int) -> str:
     return manager.save(checkpoint_number=number)
 
+  def evaluating(self) -> None:
+    """Called as an evaluation during training begins."""
+
   def export_written(self) -> None:
     """Called when an export is complete, before it is renamed into place."""
 
@@ -53,7 +58,7 @@ class InjectedFault(NoFaults):
   def __init__(self, kind: str, at):
     """`at`: a micro-step or save number; for kind "nan", the poisoned micro-steps."""
     self.kind, self.at = kind, at
-    self._saves = 0
+    self._saves = self._evaluations = 0
 
   def loss(self, loss, micro_step):
     if self.kind != "nan":
@@ -81,6 +86,11 @@ class InjectedFault(NoFaults):
                     os.path.join(manager.directory, f"ckpt-{number}"))
     return super().save(manager, checkpoint, number)
 
+  def evaluating(self) -> None:
+    self._evaluations += 1
+    if self.kind == "evaluate" and self._evaluations == self.at:
+      os.kill(os.getpid(), signal.SIGKILL)
+
   def export_written(self) -> None:
     if self.kind == "export":
       os.kill(os.getpid(), signal.SIGKILL)
@@ -99,7 +109,7 @@ def from_environment() -> NoFaults:
   kind, _, at = spec.partition(":")
   if kind == "nan" and at and all(step.isdigit() for step in at.split(",")):
     return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
-  if kind not in ("micro", "save", "signal", "nospace", "raise") or not at.isdigit():
+  if kind not in ("micro", "save", "signal", "nospace", "raise", "evaluate") or not at.isdigit():
     raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nospace:K, "
-                     "raise:K, nan:K,L,..., export:written or datagen:written")
+                     "raise:K, evaluate:K, nan:K,L,..., export:written or datagen:written")
   return InjectedFault(kind, int(at))

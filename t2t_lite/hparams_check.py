@@ -12,6 +12,7 @@ from t2t_lite.errors import UsageError
 # "n" before and "da" after each sublayer is pre-norm (tensor2tensor's default, with a layer
 # norm at the end of each stack); "none" before and "dan" after is the original paper's
 # post-norm (x = norm(x + dropout(sublayer(x))), no norm at the end of the stacks).
+EMA_REFERENCE_TOKENS = 25000  # basic_params' value
 NORM_SEQUENCES = {("n", "da"): "pre_norm", ("none", "dan"): "post_norm"}
 OPTIMIZERS = ("adam",)
 COOLDOWN = 0.3  # learning_rate_cooldown of every set: read by the linear_cooldown factor only
@@ -56,6 +57,15 @@ def check_dropout_ramp(hparams) -> None:
     raise UsageError(f"dropout_ramp_start={hparams.dropout_ramp_start}: must be at least 0 and "
                      f"below dropout_ramp_end={hparams.dropout_ramp_end} (updates)")
   _fraction(hparams, "dropout_ramp_initial")
+
+
+def check_ema(hparams) -> None:
+  from t2t_lite import ema
+  ema.check(hparams)
+  if not ema.enabled(hparams) and hparams.ema_reference_tokens != EMA_REFERENCE_TOKENS:
+    raise UsageError(f"ema_reference_tokens={hparams.ema_reference_tokens} is read only by a "
+                     "moving average of the weights, which ema_decay=0 turns off; set "
+                     "ema_decay (e.g. 0.999), or drop ema_reference_tokens")
 
 
 def check_schedule(hparams) -> None:
@@ -110,6 +120,7 @@ def check(hparams) -> None:
                      "(0, 1] (the fraction of the run's updates that the linear_cooldown "
                      "factor of learning_rate_schedule spans)")
   check_dropout_ramp(hparams)
+  check_ema(hparams)
   if hparams.hidden_size % hparams.num_heads:
     raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
                      f"num_heads={hparams.num_heads}")

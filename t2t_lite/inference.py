@@ -78,6 +78,7 @@ class RunModel:
   problem: object
   meta: dict | None
   data_dir: str
+  weights: str = ""  # of the checkpoint restored last: "ema" or "raw" (see t2t_lite.ema)
 
   def decoder(self, options: DecodeOptions):
     from t2t_lite import decode
@@ -110,13 +111,21 @@ def build(output_dir: str | None, hparams_set: str | None = None, overrides: str
   return RunModel(model, vocab, hparams, problem, meta, data_dir)
 
 
-def restore(model, path: str) -> None:
-  """Restores checkpoint `path` into `model`; TensorFlow's own error when it cannot."""
+def restore(model, path: str, weights: str = "auto") -> str:
+  """Restores checkpoint `path` into `model`: its moving average of the weights or its raw
+  weights, as `weights` (t2t_lite.ema.CHOICES: auto takes the average where the checkpoint
+  holds one) chooses; which one it read ("ema" or "raw"). A usage error for `ema` where there
+  is no average; TensorFlow's own error when the checkpoint does not fit."""
   from t2t_lite.runtime import import_tensorflow
   tf = import_tensorflow()
+  from t2t_lite import ema
+  chosen = ema.resolve(path, weights)
   tf.train.Checkpoint(model=model).restore(path).expect_partial() \
       .assert_existing_objects_matched()
-  logging.info("restored %s", path)
+  if chosen == ema.EMA:
+    ema.restore_averages(model, path)
+  logging.info("restored %s: %s", path, ema.describe(chosen))
+  return chosen
 
 
 def newest_checkpoint(output_dir: str | None, checkpoint_path: str | None = None) -> str:
@@ -133,16 +142,17 @@ def newest_checkpoint(output_dir: str | None, checkpoint_path: str | None = None
 
 def load(output_dir: str | None, checkpoint_path: str | None = None,
          hparams_set: str | None = None, overrides: str = "",
-         problem_name: str | None = None, data_dir: str | None = None) -> RunModel:
-  """`build`, then `restore` the given checkpoint or the run's newest; a checkpoint that
-  does not fit the model is a usage error naming it."""
+         problem_name: str | None = None, data_dir: str | None = None,
+         weights: str = "auto") -> RunModel:
+  """`build`, then `restore` the given checkpoint or the run's newest (the `weights` of it,
+  see restore); a checkpoint that does not fit the model is a usage error naming it."""
   run = build(output_dir, hparams_set, overrides, problem_name, data_dir,
               what=output_dir or checkpoint_path)
   path = newest_checkpoint(output_dir, checkpoint_path)
   from t2t_lite.runtime import import_tensorflow
   tf = import_tensorflow()
   try:
-    restore(run.model, path)
+    run.weights = restore(run.model, path, weights)
   except (tf.errors.OpError, ValueError, AssertionError) as err:
     raise UsageError(f"cannot restore {path}: {str(err).splitlines()[0][:200]}") from None
   return run

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from t2t_lite import ema as ema_lib
 from t2t_lite import faults as faults_lib
 from t2t_lite import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
@@ -160,6 +161,10 @@ class Learner:
       self.cooldown_end = tf.Variable(0, name="cooldown_end", **counter)
       self.accumulator = (GradientAccumulator(self.variables)
                           if self.schedule.needs_accumulators else None)
+      # The moving average of the weights (t2t_lite.ema), updated after each applied update.
+      self.average = (ema_lib.WeightAverage(self.variables, hparams.ema_decay,
+                                            hparams.ema_reference_tokens)
+                      if ema_lib.enabled(hparams) else None)
       self.window = Window()
       # float16 needs loss scaling; bfloat16 has float32's range and does not.
       self.loss_scale = None
@@ -197,6 +202,8 @@ class Learner:
              "layout": self.layout}
     if self.accumulator is not None:
       state["accumulator"] = self.accumulator
+    if self.average is not None:
+      state[ema_lib.CHECKPOINT_KEY] = self.average
     if self.cooldown:
       state["cooldown_end"] = self.cooldown_end
     if self.loss_scale is not None:
@@ -207,7 +214,8 @@ class Learner:
   def state_bytes(self) -> dict:
     params = sum(v.shape.num_elements() * 4 for v in self.variables)
     return {"parameters": params, "adam_slots": 2 * params,
-            "accumulators": self.accumulator.nbytes() if self.accumulator else 0}
+            "accumulators": self.accumulator.nbytes() if self.accumulator else 0,
+            "moving_average": self.average.nbytes() if self.average else 0}
 
   # --- one replica -------------------------------------------------------------------
   def _gradients(self, batch):
@@ -321,6 +329,8 @@ class Learner:
 
     def apply():
       self.adam.apply(grads, self.variables, lr)
+      if self.average is not None:  # reads the weights Adam just wrote (same resources)
+        self.average.update(self.variables, tokens)
       return tf.constant(True)
 
     def skip():
@@ -348,6 +358,18 @@ class Learner:
                      tf.maximum(self.loss_scale / 2.0, MIN_LOSS_SCALE))
     self.loss_scale.assign(scale)
     self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), good))
+
+  def has_average(self) -> bool:
+    """Whether the moving average holds an update yet (it does after the first)."""
+    return self.average is not None and float(self.average.weight.numpy()) > 0
+
+  def swap_average(self) -> None:
+    """Exchanges the model's weights and their moving average, one variable at a time (no
+    second copy of the model); called twice, everything is as it was, bit for bit."""
+    for variable, average in zip(self.variables, self.average.averages):
+      raw = tf.identity(variable)
+      variable.assign(average)
+      average.assign(raw)
 
   def _eval_loss(self, batch):
     """(summed negative log-likelihood, tokens): no label smoothing, so dev figures compare

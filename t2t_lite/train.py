@@ -132,7 +132,7 @@ class Trainer:
     return Checkpoints(
         objects, self.options.output_dir, self.options.checkpointing, self.strategy,
         self.faults, is_chief=self.is_chief, before_restore=self._check_stream,
-        optional=("accumulator", "cooldown_end", SAMPLED_FROM, TRAIN_SECONDS,
+        optional=("accumulator", "cooldown_end", "ema", SAMPLED_FROM, TRAIN_SECONDS,
                   *formats.ADDED_TO_CHECKPOINTS),
         shape_differences=tuple(rundir.shape_differences(
             self.start.record, self.hparams, self.vocab.size)))
@@ -230,6 +230,11 @@ class Trainer:
       logging.info("residual dropout: %g until update %d, rising linearly to %g at update %d",
                    hparams.dropout_ramp_initial, hparams.dropout_ramp_start,
                    hparams.layer_prepostprocess_dropout, hparams.dropout_ramp_end)
+    if self.learner.average is not None:
+      logging.info("moving average of the weights: decay %g per %g target tokens (one more "
+                   "copy of the parameters, %.1f MiB)", hparams.ema_decay,
+                   hparams.ema_reference_tokens,
+                   self.learner.state_bytes()["moving_average"] / 2 ** 20)
     with self.stops.handling_signals():
       try:
         return self._loop()
@@ -269,6 +274,8 @@ class Trainer:
     early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
     spent = clock.deadline is not None and time.time() >= clock.deadline
     early, spent = (flag > 0 for flag in self._from_chief([float(early), float(spent)]))
+    if not early and self._evaluation_owed(update):
+      early = self._evaluate(update, clock)
     actions = decide(progress, Agreed(out_of_time=spent, early_stop=early),
                      self.run_plan.schedule())
     agreement = Agreement(self.learner, self._multi_worker, clock,
@@ -328,11 +335,24 @@ class Trainer:
     pause = time.time()
     early = False
     if self.evaluator is not None:
+      self.faults.evaluating()
       self.evaluator.evaluate(update)
       early = self.evaluator.early_stop(update) is not None
     early = self._from_chief([float(early)])[0] > 0
     clock.paused(pause)
     return early
+
+  def _evaluation_owed(self, update: int) -> bool:
+    """Whether the run resumed at an evaluation's update that was saved but not evaluated
+    (the process stopped in between): the chief's answer, on every worker."""
+    frequency = self.options.evaluation.frequency
+    if not (frequency and update and update % frequency == 0):
+      return False
+    owed = self.evaluator is not None and self.evaluator.owed(update)
+    if owed:
+      logging.info("update %d was saved but not evaluated before the run stopped: evaluating "
+                   "it now", update)
+    return self._from_chief([float(owed)])[0] > 0
 
   def _finish(self, stop: str, progress: Progress, clock: Clock) -> dict:
     learner, stream = self.learner, self.stream

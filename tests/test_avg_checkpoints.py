@@ -76,7 +76,7 @@ def test_a_checkpoint_rotated_away_while_reading_means_starting_again(run_copy, 
   from t2t_lite.cli import avg_checkpoints
   real, calls = avg_checkpoints._read_weights, []
 
-  def rotating(checkpoint, path):
+  def rotating(model, path, weights):
     calls.append(os.path.basename(path))
     if len(calls) == 1:
       for name in os.listdir(run_copy):
@@ -86,7 +86,7 @@ def test_a_checkpoint_rotated_away_while_reading_means_starting_again(run_copy, 
         if name.startswith("ckpt-4."):
           os.remove(os.path.join(run_copy, name))
       tf.compat.v1.train.update_checkpoint_state(run_copy, "ckpt-12", ["ckpt-8", "ckpt-12"])
-    real(checkpoint, path)
+    return real(model, path, weights)
 
   monkeypatch.setattr(avg_checkpoints, "_read_weights", rotating)
   saved, paths = avg_checkpoints.average(run_copy, 2, str(tmp_path / "avg"))

@@ -30,14 +30,22 @@ def test_two_mirrored_replicas_equal_one_replica_with_double_batches():
   devices = sorted(figures["apply_ops"])
   assert [d.rsplit(":", 2)[-2:] for d in devices] == [["CPU", "0"], ["CPU", "1"]], figures
   assert set(figures["apply_ops"].values()) == {figures["variables"]}, figures
+  # The moving average is the same on 2 replicas x n=2, 1 x n=4 and 1 x n=1 (4x the batch).
+  average = figures["average"]
+  assert average["updates"] == [3, 3, 3], average
+  keys = ("average_two_n2", "average_four", "weights_two_n2", "weights_four")
+  assert max(average[key] for key in keys) < 1e-5, average
+  # and not trivially: the average is far from the weights
+  assert average["average_from_weights"] > 10 * max(average[key] for key in keys), average
 
 
 def _final_values(output_dir, name=None):
-  """The model's values in checkpoint `name` of `output_dir` (default: the newest)."""
+  """The model's values and their moving average in checkpoint `name` of `output_dir`
+  (default: the newest)."""
   path = os.path.join(output_dir, name) if name else tf.train.latest_checkpoint(output_dir)
   reader = tf.train.load_checkpoint(path)
   return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
-          if name.startswith("model/") and name.endswith("VARIABLE_VALUE")}
+          if name.startswith(("model/", "ema/")) and name.endswith("VARIABLE_VALUE")}
 
 
 def _trainer(*args, env=None):
@@ -53,8 +61,10 @@ def _finish(processes):
 
 
 def _flags(data_dir):
-  """On data with sampled segmentations, read from update 3 on (micro-step 4 at n = 2)."""
-  return [f"{flag},subword_sampling_start=2" if flag.startswith("--hparams=") else flag
+  """On data with sampled segmentations, read from update 3 on (micro-step 4 at n = 2), with
+  a moving average of the weights."""
+  return [f"{flag},subword_sampling_start=2,ema_decay=0.9,ema_reference_tokens=3000"
+          if flag.startswith("--hparams=") else flag
           for flag in NO_EVAL_FLAGS] + [f"--data_dir={data_dir}"]
 
 
@@ -94,6 +104,8 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   mirrored = _final_values(two_worker_run["mirrored_dir"], "ckpt-12")
   workers = _final_values(workers_dir)
   assert mirrored.keys() == workers.keys() and len(mirrored) > 20
+  assert sum(k.startswith("ema/averages/") for k in mirrored) == sum(
+      k.startswith("model/") for k in mirrored)
   scale = max(np.abs(v).max() for v in mirrored.values())
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst

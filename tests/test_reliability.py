@@ -15,16 +15,17 @@ FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
          f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=4",
          "--save_checkpoints_steps=1", "--keep_checkpoint_max=3", "--log_every=1",
          "--local_eval_frequency=0", "--random_seed=5", "--train_steps=6"]
-# The same on data with sampled segmentations, read from update 4 on (micro-step 12).
-SWITCH_FLAGS = [f"{flag},subword_sampling_start=3" if flag.startswith("--hparams=") else flag
-                for flag in FLAGS]
+# The same on data with sampled segmentations, read from update 4 on (micro-step 12), with a
+# moving average of the weights.
+SWITCH_FLAGS = [f"{flag},subword_sampling_start=3,ema_decay=0.9,ema_reference_tokens=3000"
+                if flag.startswith("--hparams=") else flag for flag in FLAGS]
 
 
 def _model_values(output_dir):
   path = tf.train.latest_checkpoint(output_dir)
   reader = tf.train.load_checkpoint(path)
   return {n: reader.get_tensor(n) for n, _ in tf.train.list_variables(path)
-          if n.startswith("model/") and n.endswith("VARIABLE_VALUE")}
+          if n.startswith(("model/", "ema/")) and n.endswith("VARIABLE_VALUE")}
 
 
 def _start(output_dir, data_dir, fault="", flags=FLAGS):
@@ -90,6 +91,8 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(sampled_data, tm
 
   expected, got = _model_values(straight), _model_values(broken)
   assert expected.keys() == got.keys()
+  assert len([k for k in expected if k.startswith("ema/averages/")]) == len(
+      [k for k in expected if k.startswith("model/")])  # the weights and their average
   worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
   assert worst <= 1e-6, worst
 

@@ -61,21 +61,30 @@ def test_early_stopping_stops_keeps_the_best_and_resumes_stopped(multi30k_data, 
   # Without early stopping the best model would be judged by dev BLEU: refused, not replaced.
   best_dir = os.path.join(output_dir, "best")
   kept = {name: open(os.path.join(best_dir, name), "rb").read() for name in os.listdir(best_dir)}
-  other = cli("t2t-lite-trainer", *args[:-2], "--train_steps=12")
-  _ends_in_usage_error(other, "holds the best model by dev_loss and this run judges by "
-                       "dev_bleu, which would replace it")
+  other = cli("t2t-lite-trainer", *args[:-2], "--train_steps=12", "--eval_bleu_sentences=4")
+  _ends_in_usage_error(other, "holds the best checkpoints by dev_loss and this run judges by "
+                       "dev_bleu, which would replace them")
   assert kept == {name: open(os.path.join(best_dir, name), "rb").read()
                   for name in os.listdir(best_dir)}
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--eval_early_stopping_metric=dev_bleu"],
-     "--eval_early_stopping_metric is read only with --eval_early_stopping_steps > 0"),
+    (["--eval_early_stopping_metric_delta=1"],
+     "--eval_early_stopping_metric_delta is read only with --eval_early_stopping_steps > 0"),
+    (["--keep_best_checkpoints=3", "--local_eval_frequency=0"],
+     "--keep_best_checkpoints is read only with evaluations"),
+    (["--eval_metrics=dev_loss,bleu"], "--eval_metrics: unknown metric 'bleu'; known: "
+     "dev_loss, dev_perplexity, dev_bleu, dev_chrf, dev_chrfpp, dev_ter"),
+    (["--eval_metrics=dev_loss,dev_chrf", "--eval_bleu_sentences=0"],
+     "--eval_metrics: dev_chrf decodes dev sentences, and --eval_bleu_sentences=0 decodes "
+     "none"),
+    (["--eval_metrics=dev_loss", "--eval_early_stopping_metric=dev_ter"],
+     "--eval_early_stopping_metric=dev_ter is not among --eval_metrics=dev_loss; add it there"),
     (["--eval_early_stopping_steps=5", "--local_eval_frequency=0"],
      "--eval_early_stopping_steps needs evaluations: set --local_eval_frequency > 0"),
     (["--eval_early_stopping_steps=5", "--eval_early_stopping_metric=dev_bleu",
-      "--eval_bleu_sentences=0"], "--eval_early_stopping_metric=dev_bleu needs "
-     "--eval_bleu_sentences > 0"),
+      "--eval_bleu_sentences=0"], "--eval_early_stopping_metric=dev_bleu is not among "
+     "--eval_metrics=dev_loss,dev_perplexity"),
     (["--eval_early_stopping_metric=bleu"], "--eval_early_stopping_metric"),
 ])
 def test_early_stopping_usage_errors(args, message, tmp_path):

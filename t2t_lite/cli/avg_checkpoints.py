@@ -1,4 +1,9 @@
-"""t2t-lite-avg-checkpoints: a checkpoint whose weights are the mean of the last N.
+"""t2t-lite-avg-checkpoints: a checkpoint whose weights are the mean of the last N, or of
+the best ones the trainer kept (--best: RUN/best, ranked by its evaluations).
+
+Of each checkpoint it reads the moving average of the weights where the run keeps one, else
+the raw weights (--weights chooses); the best checkpoints hold the weights their evaluations
+read. What was averaged, and which weights, is recorded in averaged.json.
 
 It never touches its inputs: an --avg_dir equal to, inside or containing --output_dir is
 refused; the average is written into a temporary directory beside --avg_dir and renamed
@@ -23,6 +28,10 @@ from t2t_lite import files
 flags.DEFINE_string("output_dir", None, "The training run directory (read only).")
 common.define_count("num_last_checkpoints", 5, "How many of the newest checkpoints to "
                     "average.", minimum=1)
+flags.DEFINE_bool("best", False, "Average the best evaluated checkpoints that the trainer kept "
+                  "in OUTPUT_DIR/best (--keep_best_checkpoints), all of them, or the "
+                  "--num_last_checkpoints best.")
+common.define_weights("averaged")
 flags.DEFINE_string("avg_dir", None, "Where the averaged checkpoint (and hparams.json) go: a "
                     "new directory, or one an earlier averaging wrote (it is replaced). Not "
                     "inside --output_dir.")
@@ -64,22 +73,48 @@ def _written_by_average(name: str) -> bool:
           or re.fullmatch(r"ckpt-\d+\.(index|data-\d+-of-\d+)", name) is not None)
 
 
-def _read_weights(checkpoint, path: str) -> None:
-  checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
+def _read_weights(model, path: str, weights: str) -> str:
+  from t2t_lite import inference
+  return inference.restore(model, path, weights)
 
 
-def _mean_of_newest(tf, model, output_dir: str, num_last: int) -> list[str]:
-  """Assigns to `model` the mean of the newest checkpoints' weights; their paths."""
-  checkpoint = tf.train.Checkpoint(model=model)
+def _best_checkpoints(output_dir: str, count: int | None) -> tuple[list[str], dict]:
+  """The `count` best (all if None) of the checkpoints the trainer kept in OUTPUT_DIR/best,
+  oldest first, and their record."""
+  from t2t_lite import best
+  record, kept = best.read(os.path.join(output_dir, "best"))
+  if not kept:
+    raise UsageError(f"{output_dir}/best keeps no checkpoints (trained with "
+                     "--keep_best_checkpoints=0); average the last ones instead (drop --best)")
+  paths = kept[:count] if count else kept
+  missing = [p for p in paths if not os.path.isfile(p + ".index")]
+  if missing:
+    raise UsageError(f"{output_dir}/best/best.json lists {os.path.basename(missing[0])}, which "
+                     f"is not there ({missing[0]}.index); restore the folder, or average the "
+                     "last checkpoints (drop --best)")
+  return sorted(paths, key=lambda p: int(p.rsplit("-", 1)[1])), record
+
+
+def _paths(output_dir: str, num_last: int, best_of: int | None) -> list[str]:
+  """The checkpoints to average, oldest first: the newest num_last, or the best ones."""
+  if best_of is not None:
+    return _best_checkpoints(output_dir, best_of or None)[0]
+  from t2t_lite.checkpoints import newest_first
+  return list(reversed(newest_first(output_dir)[:num_last]))
+
+
+def _mean_of(tf, model, output_dir: str, num_last: int, best_of: int | None,
+             weights: str) -> tuple[list[str], str]:
+  """Assigns to `model` the mean of the chosen checkpoints' `weights` (see
+  inference.restore); their paths and the weights read ("ema" or "raw")."""
   for attempt in range(ATTEMPTS):
-    from t2t_lite.checkpoints import newest_first
-    paths = list(reversed(newest_first(output_dir)[:num_last]))
+    paths = _paths(output_dir, num_last, best_of)
     if not paths:
       raise UsageError(f"no checkpoints in {output_dir}")
-    sums = None
+    sums, read = None, set()
     try:
       for path in paths:
-        _read_weights(checkpoint, path)
+        read.add(_read_weights(model, path, weights))
         values = [v.numpy().astype("float64") for v in model.variables]
         sums = values if sums is None else [s + v for s, v in zip(sums, values)]
     except (tf.errors.NotFoundError, tf.errors.DataLossError) as err:
@@ -87,9 +122,13 @@ def _mean_of_newest(tf, model, output_dir: str, num_last: int) -> list[str]:
       logging.warning("checkpoint %s vanished while being read (%s); starting again",
                       path, str(err).splitlines()[0][:120])
       continue
+    if len(read) > 1:
+      raise UsageError(f"of the checkpoints {', '.join(os.path.basename(p) for p in paths)}, "
+                       "some hold a moving average of the weights and some do not; choose "
+                       "--weights=raw")
     for variable, total in zip(model.variables, sums):
       variable.assign((total / len(paths)).astype("float32"))
-    return paths
+    return paths, read.pop()
   raise RunError(f"the checkpoints of {output_dir} changed {ATTEMPTS} times while being "
                  "read; try again, or average a copy of the run")
 
@@ -103,14 +142,24 @@ def _update_of(path: str) -> int:
   return update
 
 
-def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str]]:
-  """Averages the model weights of the newest `num_last` checkpoints into `avg_dir`."""
+def average(output_dir: str, num_last: int, avg_dir: str, best_of: int | None = None,
+            weights: str = "auto") -> tuple[str, list[str]]:
+  """Averages the model weights (`weights`, see inference.restore) of the newest `num_last`
+  checkpoints, or with `best_of` of the best ones kept in OUTPUT_DIR/best (0: all of them),
+  into `avg_dir`."""
   from t2t_lite import registry, rundir
   check_dirs(output_dir, avg_dir)
   tf = common.import_tensorflow()
   hparams, meta = rundir.model_from_run(output_dir)
   model = registry.model(hparams.model)(hparams, meta["vocab_size"])
-  paths = _mean_of_newest(tf, model, output_dir, num_last)
+  paths, read = _mean_of(tf, model, output_dir, num_last, best_of, weights)
+  evaluated = ""
+  if best_of is not None:
+    record = _best_checkpoints(output_dir, best_of or None)[1]
+    evaluated = record.get("weights", "raw")
+    if weights == "raw" and evaluated == "ema":
+      raise UsageError(f"{output_dir}/best keeps the moving averages its evaluations read, not "
+                       "raw weights; average the last checkpoints with --weights=raw instead")
   # An earlier average is swapped out (or moved aside) only once the new one is complete.
   # The update of the newest checkpoint averaged, kept in the average (translate-all plots
   # it there); its micro-batch count N would be a wrong update with replicas or accumulation.
@@ -122,7 +171,9 @@ def average(output_dir: str, num_last: int, avg_dir: str) -> tuple[str, list[str
     shutil.copyfile(os.path.join(output_dir, rundir.META_FILE),
                     os.path.join(tmp, rundir.META_FILE))
     files.write_atomic(os.path.join(tmp, MARKER), json.dumps(
-        {"checkpoints": [os.path.abspath(p) for p in paths]}, indent=2))
+        {"checkpoints": [os.path.abspath(p) for p in paths],
+         "chosen": "best" if best_of is not None else "last",
+         "weights": evaluated or read}, indent=2))
   return os.path.join(avg_dir, os.path.basename(saved)), paths
 
 
@@ -131,9 +182,15 @@ def main() -> None:
   common.require(FLAGS.avg_dir, "avg_dir", "runs/multi30k_avg")
   check_dirs(FLAGS.output_dir, FLAGS.avg_dir)
   common.check_writable_dir(os.path.dirname(os.path.abspath(FLAGS.avg_dir)), "avg_dir")
-  saved, paths = average(FLAGS.output_dir, FLAGS.num_last_checkpoints, FLAGS.avg_dir)
-  print(f"averaged {len(paths)} checkpoints ({', '.join(os.path.basename(p) for p in paths)}) "
-        f"-> {saved}")
+  best_of = None
+  if FLAGS.best:
+    best_of = FLAGS.num_last_checkpoints if FLAGS["num_last_checkpoints"].present else 0
+  saved, paths = average(FLAGS.output_dir, FLAGS.num_last_checkpoints, FLAGS.avg_dir,
+                         best_of, FLAGS.weights)
+  with open(os.path.join(FLAGS.avg_dir, MARKER)) as f:
+    weights = json.load(f)["weights"]
+  print(f"averaged {len(paths)} {'best ' if FLAGS.best else ''}checkpoints "
+        f"({', '.join(os.path.basename(p) for p in paths)}; {weights} weights) -> {saved}")
 
 
 def run() -> None:

@@ -86,6 +86,15 @@ def define_count(name: str, default: int, help_text: str, minimum: int = 0,
       message=bound)
 
 
+def define_weights(reads: str) -> None:
+  """--weights: which weights of a checkpoint the program `reads` (see t2t_lite.ema)."""
+  module = sys._getframe(1).f_globals["__name__"]  # noqa: SLF001 (--helpfull lists it there)
+  flags.DEFINE_enum("weights", "auto", ["auto", "ema", "raw"], f"The weights {reads}: auto, "
+                    "the moving average where the checkpoint holds one (trained with "
+                    "ema_decay > 0), else the raw weights; ema (refused where there is none); "
+                    "raw.", module_name=module)
+
+
 def require(flag_value, name: str, example: str) -> None:
   if not flag_value:
     raise UsageError(f"--{name} is required, e.g. --{name}={example}")

@@ -41,6 +41,7 @@ flags.DEFINE_string("score_file", None, "Forced decoding: a file of `source<TAB>
 flags.DEFINE_enum("engine", "tensorflow", ["tensorflow", "ctranslate2"],
                   "Who decodes: t2t-lite's own search over a checkpoint (tensorflow), or a "
                   "t2t-lite-exporter --format=ctranslate2 export (ctranslate2, --export_dir).")
+common.define_weights("decoded")
 flags.DEFINE_string("export_dir", None, "The CTranslate2 export, with --engine=ctranslate2.")
 FLAGS = flags.FLAGS
 
@@ -52,6 +53,8 @@ def ctranslate2_engine(options, given_keys: set[str]):
   common.require(FLAGS.export_dir, "export_dir", "exports/ende_ct2")
   given = [name for name in ("output_dir", "checkpoint_path", "hparams_set", "hparams",
                              "problem", "data_dir") if getattr(FLAGS, name)]
+  if FLAGS["weights"].present:
+    given.append("weights")
   if given:
     raise UsageError(f"--{given[0]} is not read with --engine=ctranslate2: the export holds "
                      "the model and its vocabulary; drop it")
@@ -100,7 +103,9 @@ def _engine(options, given_keys: set[str]):
     raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
                      "--output_dir alone for the tensorflow engine")
   run = inference.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
-                       FLAGS.hparams, FLAGS.problem, FLAGS.data_dir)
+                       FLAGS.hparams, FLAGS.problem, FLAGS.data_dir, FLAGS.weights)
+  from t2t_lite.ema import describe
+  print(f"weights: {describe(run.weights)}", file=sys.stderr)
   return run.decoder(options), run.vocab, run.hparams.max_length, options
 
 

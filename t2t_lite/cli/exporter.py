@@ -20,6 +20,7 @@ flags.DEFINE_string("decode_hparams", "",
                     "beam_size, alpha, return_beams (saved_model), extra_decode_length.")
 flags.DEFINE_string("quantization", "none",
                     "CTranslate2 weights: none (float32), int8, int16 or float16.")
+common.define_weights("exported")
 flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_dir.")
 FLAGS = flags.FLAGS
 
@@ -55,7 +56,7 @@ def main() -> None:
   check_flags()
   from t2t_lite import export
   export.export_run(FLAGS.output_dir, FLAGS.export_dir, FLAGS.format, FLAGS.checkpoint_path,
-                    FLAGS.data_dir, FLAGS.decode_hparams, FLAGS.quantization)
+                    FLAGS.data_dir, FLAGS.decode_hparams, FLAGS.quantization, FLAGS.weights)
   logging.info("exported %s", FLAGS.export_dir)
   print(f"exported {FLAGS.format} -> {FLAGS.export_dir}", file=sys.stderr)
 

@@ -24,10 +24,21 @@ flags.DEFINE_float("train_minutes", 0.0, "Stop after this much training wall tim
                    "budget it recorded unless given).", lower_bound=0.0)
 common.define_count("eval_steps", 100, "Dev batches for the dev loss (0: the whole dev set).")
 common.define_count("local_eval_frequency", 1000, "Evaluate every this many updates (0: never).")
-common.define_count("eval_bleu_sentences", 500, "Dev sentences decoded for BLEU at each "
-                    "evaluation (0: no BLEU).")
-common.define_count("eval_beam_size", 1, "Beam size of the BLEU evaluation (1: greedy).",
+common.define_count("eval_bleu_sentences", 500, "Dev sentences decoded at each evaluation for "
+                    "the decoded metrics (BLEU, chrF, chrF++, TER; 0: none decoded).")
+common.define_count("eval_beam_size", 1, "Beam size of the evaluation's decode (1: greedy).",
                     minimum=1)
+flags.DEFINE_string("eval_metrics", "", "The dev figures of each evaluation, comma-separated: "
+                    "dev_loss, dev_perplexity, dev_bleu, dev_chrf, dev_chrfpp (chrF++), dev_ter "
+                    "(default: dev_loss,dev_perplexity,dev_bleu,dev_chrf,dev_ter; without the "
+                    "decoded ones when --eval_bleu_sentences=0).")
+flags.DEFINE_enum("eval_weights", "auto", ["auto", "ema", "raw"], "The weights evaluated (and "
+                  "kept in output_dir/best): auto, the moving average where the run keeps one "
+                  "(ema_decay > 0), else the raw weights; ema; raw.")
+common.define_count("keep_best_checkpoints", 1, "Keep the K best evaluated checkpoints by "
+                    "--eval_early_stopping_metric in output_dir/best (with best.json, their "
+                    "figures), outside --keep_checkpoint_max's rotation; 0: none (best.json "
+                    "still records the best value).")
 common.define_count("save_checkpoints_steps", 1000, "Save a checkpoint every this many updates "
                     "(0: only when the run stops: end, time budget, Ctrl-C, SIGTERM); every "
                     "evaluation also saves its update first.")
@@ -40,10 +51,13 @@ flags.DEFINE_float("keep_checkpoint_every_n_hours", 0.0, "Of the checkpoints tha
                    "training (0: none), e.g. for averaging or recovery later.", lower_bound=0.0)
 common.define_count("eval_early_stopping_steps", 0, "Stop when the "
                     "--eval_early_stopping_metric has not improved by more than "
-                    "--eval_early_stopping_metric_delta for this many updates (0: never); the "
-                    "best model is kept in output_dir/best.")
-flags.DEFINE_enum("eval_early_stopping_metric", "dev_loss", ["dev_loss", "dev_bleu"],
-                  "What early stopping watches (dev_loss: lower is better; dev_bleu: higher).")
+                    "--eval_early_stopping_metric_delta for this many updates (0: never).")
+flags.DEFINE_string("eval_early_stopping_metric", "", "The dev figure that ranks the "
+                    "evaluations, for early stopping and the best checkpoints: one of "
+                    "--eval_metrics (dev_loss, dev_perplexity, dev_ter: lower is better; "
+                    "dev_bleu, dev_chrf, dev_chrfpp: higher; default: dev_loss with early "
+                    "stopping, as tensor2tensor's loss; without it dev_bleu if measured, else "
+                    "dev_loss).")
 flags.DEFINE_float("eval_early_stopping_metric_delta", 0.1, "The least change of the metric "
                    "that counts as an improvement for early stopping.", lower_bound=0.0)
 common.define_count("log_every", 100, "Log and write summaries every this many updates (0: "
@@ -128,6 +142,7 @@ def _resolve():
   if FLAGS.model:
     registry.models.canonical(FLAGS.model)
   _check_early_stopping()
+  _evaluation()  # the metrics' usage errors, before TensorFlow starts
   _check_read_flags()
   if FLAGS.keep_checkpoint_every_n_hours and not FLAGS.keep_checkpoint_max:
     raise UsageError("--keep_checkpoint_every_n_hours keeps checkpoints that "
@@ -233,16 +248,14 @@ def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[
 def _run_options(data_dir: str, seed: int, previous: dict | None):
   """The flags of the run, as the library's option groups."""
   from t2t_lite import train
-  from t2t_lite.decide import Checkpointing, Evaluation, Stopping
+  from t2t_lite.decide import Checkpointing, Stopping
   return train.RunOptions(
       output_dir=FLAGS.output_dir, data_dir=data_dir, seed=seed,
       checkpointing=Checkpointing(
           save_steps=FLAGS.save_checkpoints_steps, save_secs=FLAGS.save_checkpoints_secs,
           keep_max=FLAGS.keep_checkpoint_max,
           keep_every_n_hours=FLAGS.keep_checkpoint_every_n_hours),
-      evaluation=Evaluation(
-          frequency=FLAGS.local_eval_frequency, steps=FLAGS.eval_steps,
-          bleu_sentences=FLAGS.eval_bleu_sentences, beam_size=FLAGS.eval_beam_size),
+      evaluation=_evaluation(),
       stopping=Stopping(
           train_minutes=_train_minutes(previous),
           early_stopping_steps=FLAGS.eval_early_stopping_steps,
@@ -252,6 +265,21 @@ def _run_options(data_dir: str, seed: int, previous: dict | None):
       warm_start_optimizer=FLAGS.warm_start_optimizer,
       allow_hparams_change=FLAGS.allow_hparams_change,
       allow_stream_change=FLAGS.allow_stream_change, xla_compile=FLAGS.xla_compile)
+
+
+def _evaluation():
+  from t2t_lite.decide import Evaluation
+  from t2t_lite.metrics import parse_metrics
+  from t2t_lite.metrics import judged_by
+  sentences = FLAGS.eval_bleu_sentences if FLAGS.local_eval_frequency else 0
+  metrics = parse_metrics(FLAGS.eval_metrics, sentences)
+  if FLAGS.local_eval_frequency:
+    judged_by(FLAGS.eval_early_stopping_metric, metrics, FLAGS.eval_early_stopping_steps > 0)
+  return Evaluation(
+      frequency=FLAGS.local_eval_frequency, steps=FLAGS.eval_steps,
+      bleu_sentences=FLAGS.eval_bleu_sentences, beam_size=FLAGS.eval_beam_size,
+      metrics=metrics,
+      keep_best=FLAGS.keep_best_checkpoints, weights=FLAGS.eval_weights)
 
 
 def _record(trainer, start, hparams_set: str, data_dir: str, vocab_size: int, seed: int):
@@ -328,7 +356,8 @@ def _check_read_flags() -> None:
     raise UsageError("--cpu_replicas is read only with --strategy=mirrored; set that too, "
                      "or drop it")
   if not FLAGS.local_eval_frequency:
-    for name in ("eval_steps", "eval_bleu_sentences", "eval_beam_size"):
+    for name in ("eval_steps", "eval_bleu_sentences", "eval_beam_size", "eval_metrics",
+                 "eval_weights", "keep_best_checkpoints", "eval_early_stopping_metric"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} is read only with evaluations (--local_eval_frequency "
                          "> 0); set that, or drop it")
@@ -337,16 +366,13 @@ def _check_read_flags() -> None:
 def _check_early_stopping() -> None:
   """Early stopping needs the evaluations it watches; its settings mean nothing without it."""
   if not FLAGS.eval_early_stopping_steps:
-    for name in ("eval_early_stopping_metric", "eval_early_stopping_metric_delta"):
-      if FLAGS[name].present:
-        raise UsageError(f"--{name} is read only with --eval_early_stopping_steps > 0; set "
-                         "that too, or drop it")
+    if FLAGS["eval_early_stopping_metric_delta"].present:
+      raise UsageError("--eval_early_stopping_metric_delta is read only with "
+                       "--eval_early_stopping_steps > 0; set that too, or drop it")
     return
   if not FLAGS.local_eval_frequency:
     raise UsageError("--eval_early_stopping_steps needs evaluations: set "
                      "--local_eval_frequency > 0")
-  if FLAGS.eval_early_stopping_metric == "dev_bleu" and not FLAGS.eval_bleu_sentences:
-    raise UsageError("--eval_early_stopping_metric=dev_bleu needs --eval_bleu_sentences > 0")
 
 
 def _resolve_cluster() -> None:

@@ -41,7 +41,7 @@ from t2t_lite.errors import RunError, UsageError
 # --problem, --hparams_set, --hparams, --decode_hparams, --decode_from_file; --reference,
 # --target_lang. Defining them again would clash when the modules share a process.
 SHARED_FLAGS = ("output_dir", "data_dir", "problem", "hparams_set", "hparams", "decode_hparams",
-                "decode_from_file", "reference", "target_lang")
+                "decode_from_file", "weights", "reference", "target_lang")
 for _name in SHARED_FLAGS:
   flags.declare_key_flag(_name)  # listed by --help (when this module is the main one)
 common.define_count("min_steps", 0, "Skip the checkpoints of updates before this one (updates, "
@@ -100,6 +100,7 @@ class Record:
       with open(self.path) as f:
         saved = json.load(f)
       old, self.scored = saved["settings"], saved["checkpoints"]
+      old.setdefault("weights", "auto")  # recorded before runs had a moving average
     except (ValueError, KeyError, TypeError) as err:
       raise UsageError(f"{self.path} is not a record of {PROGRAM} ({err}); move it away to "
                        "score the checkpoints again") from None
@@ -177,7 +178,7 @@ def check_flags():
   settings = {"decode_from_file": _digest(sources), "reference": _digest(references),
               "lines": len(sources), "target_lang": FLAGS.target_lang,
               "beam_size": options.beam_size, "alpha": options.alpha,
-              "extra_decode_length": options.extra_decode_length}
+              "extra_decode_length": options.extra_decode_length, "weights": FLAGS.weights}
   return options, sources, references, Record(eval_dir, settings)
 
 
@@ -208,8 +209,8 @@ class Scorer:
     from t2t_lite.formats import checkpoint_update
     return checkpoint_update(path)
 
-  def restore(self, path: str) -> None:
-    inference.restore(self.run.model, path)
+  def restore(self, path: str) -> str:
+    return inference.restore(self.run.model, path, FLAGS.weights)
 
 
 class Curve:
@@ -260,7 +261,9 @@ class Curve:
       try:
         update = self.scorer.update_of(path)
         if update >= FLAGS.min_steps:
-          self.scorer.restore(path)
+          weights = self.scorer.restore(path)
+      except UsageError:  # --weights=ema on a checkpoint without an average
+        raise
       except Exception as err:  # noqa: BLE001
         self._warn(name, err)
         continue
@@ -270,11 +273,11 @@ class Curve:
           print(f"{name} (update {update}): skipped, before --min_steps={FLAGS.min_steps}",
                 file=sys.stderr)
       else:
-        self._score(name, micro_step, update)
+        self._score(name, micro_step, update, weights)
       self.seen.add(name)
     return new
 
-  def _score(self, name: str, micro_step: int, update: int) -> None:
+  def _score(self, name: str, micro_step: int, update: int, weights: str) -> None:
     from t2t_lite.metrics import bleu
     start = time.time()
     translations = self.scorer.translate(self.sources)
@@ -291,7 +294,7 @@ class Curve:
     # Recorded after the point is on disk: a kill in between costs one repeated point, never
     # a missing one.
     self.record.add(name, {"micro_step": micro_step, "update": update, "bleu": score.score,
-                           "signature": score.signature})
+                           "signature": score.signature, "weights": weights})
     self.scored += 1
     print(f"{name} (update {update}): BLEU {score.score:.2f}", flush=True)
     logging.info("%s: %s (%.1fs)", name, score, time.time() - start)

@@ -98,14 +98,16 @@ def export_hparams(spec: str, export_format: str):
 
 def export_run(output_dir: str, export_dir: str, export_format: str = "saved_model",
                checkpoint_path: str | None = None, data_dir: str | None = None,
-               decode_hparams: str = "", quantization: str = "none") -> None:
-  """Exports a run's checkpoint (the newest unless given) into export_dir, replacing what is
-  there (t2t-lite-exporter refuses a non-empty export_dir without --overwrite first)."""
+               decode_hparams: str = "", quantization: str = "none",
+               weights: str = "auto") -> None:
+  """Exports a run's checkpoint (the newest unless given; its `weights`, see
+  inference.restore) into export_dir, replacing what is there (t2t-lite-exporter refuses a
+  non-empty export_dir without --overwrite first)."""
   from t2t_lite import inference
   options = export_hparams(decode_hparams, export_format)
   # Resolved once: a save in the meantime must not make the record name another checkpoint.
   checkpoint = inference.newest_checkpoint(output_dir, checkpoint_path)
-  run = inference.load(output_dir, checkpoint, data_dir=data_dir)
+  run = inference.load(output_dir, checkpoint, data_dir=data_dir, weights=weights)
   model, vocab, hparams = run.model, run.vocab, run.hparams
   # The vocabulary is read too: an export_dir holding it is refused like one holding the run.
   check_export_dir(export_dir, [output_dir, os.path.dirname(vocab.model_file)], True)
@@ -115,7 +117,8 @@ def export_run(output_dir: str, export_dir: str, export_format: str = "saved_mod
     from t2t_lite.export import saved_model as exporter
   exporter.check_expressible(hparams)
   info = {"format": export_format, "source": os.path.abspath(output_dir),
-          "checkpoint": os.path.abspath(checkpoint), "max_length": hparams.max_length,
+          "checkpoint": os.path.abspath(checkpoint), "weights": run.weights,
+          "max_length": hparams.max_length,
           "beam_size": options.beam_size, "alpha": options.alpha,
           "extra_decode_length": options.extra_decode_length}
   with atomic_directory(export_dir) as tmp:

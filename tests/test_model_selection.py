@@ -1,0 +1,249 @@
+"""Choosing the model, through the real CLIs on the tiny model: the dev figures, the K best
+checkpoints (kept through rotation and resume), early stopping's state across a kill, the
+averages of the best, and which weights each reader takes."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import BIN, TINY_FLAGS, TINY_HPARAMS, cli
+
+EMA = f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,ema_decay=0.9," \
+      "ema_reference_tokens=3000"
+EMBEDDING = "model/embedding/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _flags(data_dir, output_dir, *extra):
+  flags = [f for f in TINY_FLAGS if not f.startswith(("--hparams=", "--local_eval_frequency",
+                                                      "--eval_"))]
+  return [*flags, EMA, f"--data_dir={data_dir}", f"--output_dir={output_dir}", *extra]
+
+
+def _evaluations(stderr: str) -> dict:
+  """{update: {metric: value}} of the eval log lines."""
+  found = {}
+  for update, figures in re.findall(r"eval at update (\d+) \(moving average\): (.*) \(",
+                                    stderr):
+    found[int(update)] = {name: float(value) for name, value in
+                          (pair.split(" ") for pair in figures.split(", "))}
+  return found
+
+
+def _average_of_embedding(reader):
+  """The moving average of the embedding in a training checkpoint (the one variable of its
+  shape)."""
+  shape = reader.get_variable_to_shape_map()[EMBEDDING]
+  names = [n for n, s in reader.get_variable_to_shape_map().items()
+           if n.startswith("ema/averages/") and s == shape]
+  assert len(names) == 1, names
+  return reader.get_tensor(names[0])
+
+
+def _best(output_dir):
+  with open(os.path.join(output_dir, "best", "best.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def selected_run(multi30k_data, tmp_path_factory):
+  """4 updates with a moving average, evaluated at each (dev loss, chrF and TER on 6
+  decoded sentences), the 2 best by dev loss kept while rotation keeps 1 checkpoint; then
+  resumed to 6 updates. A checkpoint that a kill left in best/ unlisted is there before."""
+  output_dir = str(tmp_path_factory.mktemp("selected") / "run")
+  flags = _flags(multi30k_data, output_dir, "--local_eval_frequency=1", "--eval_steps=2",
+                 "--eval_bleu_sentences=6", "--eval_metrics=dev_loss,dev_chrf,dev_ter",
+                 "--eval_early_stopping_metric=dev_loss", "--keep_best_checkpoints=2",
+                 "--keep_checkpoint_max=1", "--save_checkpoints_steps=1")
+  first = cli("t2t-lite-trainer", *flags, "--train_steps=4", check=True)
+  state = {"first": first, "best_after_first": _best(output_dir),
+           "files_after_first": sorted(os.listdir(os.path.join(output_dir, "best"))),
+           "run_files_after_first": sorted(os.listdir(output_dir))}
+  stray = os.path.join(output_dir, "best", "ckpt-77.index")
+  open(stray, "w").close()
+  state["second"] = cli("t2t-lite-trainer", *flags, "--train_steps=6", check=True)
+  return dict(state, output_dir=output_dir, data_dir=multi30k_data)
+
+
+def test_the_k_best_survive_rotation_and_resume_with_their_figures(selected_run):
+  output_dir = selected_run["output_dir"]
+  first = _evaluations(selected_run["first"].stderr)
+  assert sorted(first) == [1, 2, 3, 4] and set(first[1]) == {"dev_loss", "dev_chrf", "dev_ter"}
+  best = selected_run["best_after_first"]
+  two_best = sorted(first, key=lambda u: first[u]["dev_loss"])[:2]
+  assert [e["update"] for e in best["kept"]] == two_best
+  assert (best["metric"], best["lower_is_better"], best["weights"], best["keep"],
+          best["evaluated_at"]) == ("dev_loss", True, "ema", 2, 4)
+  for entry in best["kept"]:
+    assert entry["figures"] == pytest.approx(first[entry["update"]], abs=1e-4)
+  assert selected_run["files_after_first"] == sorted(
+      [f"ckpt-{u}.{ext}" for u in two_best for ext in ("index", "data-00000-of-00001")]
+      + ["best.json", "checkpoint"])
+  # rotation kept one checkpoint of the run itself, and none of best/
+  assert [n for n in selected_run["run_files_after_first"] if n.endswith(".index")] == \
+      ["ckpt-8.index"]
+
+  both = {**first, **_evaluations(selected_run["second"].stderr)}
+  assert sorted(both) == [1, 2, 3, 4, 5, 6]
+  best = _best(output_dir)
+  two_best = sorted(both, key=lambda u: (both[u]["dev_loss"], u))[:2]
+  assert [e["update"] for e in best["kept"]] == two_best and best["evaluated_at"] == 6
+  assert (best["update"], best["value"]) == (two_best[0],
+                                             pytest.approx(both[two_best[0]]["dev_loss"],
+                                                           abs=1e-4))
+  assert sorted(os.listdir(os.path.join(output_dir, "best"))) == sorted(
+      [f"ckpt-{u}.{ext}" for u in two_best for ext in ("index", "data-00000-of-00001")]
+      + ["best.json", "checkpoint"])  # the stray ckpt-77 and the evicted ones are gone
+  # a reader of the newest checkpoint of best/ reads the best
+  assert tf.train.latest_checkpoint(os.path.join(output_dir, "best")).endswith(
+      f"ckpt-{two_best[0]}")
+  # What was kept is the weights evaluated: the moving average of that update's checkpoint.
+  # Dev loss still falls at every update here, so update 6 is the best, and the run's
+  # checkpoint of it is still there to compare.
+  assert two_best[0] == 6, both
+  kept = tf.train.load_checkpoint(os.path.join(output_dir, "best", "ckpt-6"))
+  run = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
+  np.testing.assert_array_equal(kept.get_tensor(EMBEDDING), _average_of_embedding(run))
+
+
+def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
+  from t2t_lite import export, inference
+  from t2t_lite.cli import avg_checkpoints
+  from t2t_lite.errors import UsageError
+  output_dir = selected_run["output_dir"]
+  out = cli("t2t-lite-avg-checkpoints", f"--output_dir={output_dir}", "--best",
+            f"--avg_dir={tmp_path / 'best_avg'}", check=True).stdout
+  kept = [e["update"] for e in _best(output_dir)["kept"]]
+  assert f"averaged 2 best checkpoints (ckpt-{min(kept)}, ckpt-{max(kept)}; ema weights)" in out
+  with open(tmp_path / "best_avg" / "averaged.json") as f:
+    record = json.load(f)
+  assert (record["chosen"], record["weights"]) == ("best", "ema")
+  readers = [tf.train.load_checkpoint(os.path.join(output_dir, "best", f"ckpt-{u}"))
+             for u in kept]
+  np.testing.assert_allclose(
+      tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "best_avg")))
+      .get_tensor(EMBEDDING), np.mean([r.get_tensor(EMBEDDING) for r in readers], axis=0),
+      atol=1e-7)
+  with pytest.raises(UsageError, match="keeps the moving averages its evaluations read"):
+    avg_checkpoints.average(output_dir, 5, str(tmp_path / "raw_best"), best_of=0,
+                            weights="raw")
+  # the last checkpoint, by its average (the default) and by its raw weights
+  run = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
+  for weights, expected in (("auto", _average_of_embedding(run)),
+                            ("raw", run.get_tensor(EMBEDDING))):
+    target = str(tmp_path / f"last_{weights}")
+    saved, _ = avg_checkpoints.average(output_dir, 1, target, weights=weights)
+    np.testing.assert_array_equal(tf.train.load_checkpoint(saved).get_tensor(EMBEDDING),
+                                  expected)
+    with open(os.path.join(target, "averaged.json")) as f:
+      assert json.load(f)["weights"] == ("ema" if weights == "auto" else "raw")
+    loaded = inference.load(output_dir, weights=weights)
+    assert loaded.weights == ("ema" if weights == "auto" else "raw")
+    np.testing.assert_array_equal(loaded.model.embedding.numpy(), expected)
+  source = tmp_path / "src.en"
+  source.write_text("A man rides a bike.\nTwo dogs.\n")
+  decoded = cli("t2t-lite-decoder", f"--output_dir={output_dir}", f"--decode_from_file={source}",
+                f"--decode_to_file={tmp_path / 'out'}", "--decode_hparams=beam_size=1",
+                check=True)
+  assert "weights: the moving average of the weights (ema)" in decoded.stderr
+  export.export_run(output_dir, str(tmp_path / "export"), "ctranslate2", weights="raw")
+  with open(tmp_path / "export" / "t2t_lite_export.json") as f:
+    assert json.load(f)["weights"] == "raw"
+
+
+def test_a_run_without_an_average_refuses_to_read_one(tiny_run, tmp_path):
+  from t2t_lite import inference
+  from t2t_lite.errors import UsageError
+  from t2t_lite.evaluation import _evaluated_weights
+  with pytest.raises(UsageError, match="--weights=ema: checkpoint .* has no moving average of "
+                     "the weights: it holds none"):
+    inference.load(tiny_run["output_dir"], weights="ema")
+
+  class Plain:
+    average = None
+  with pytest.raises(UsageError, match="--eval_weights=ema: this run keeps no moving average "
+                     "of the weights"):
+    _evaluated_weights(Plain(), "ema")
+  assert _evaluated_weights(Plain(), "auto") == "raw"
+
+
+def test_early_stopping_state_resumes_exactly_after_a_kill_before_an_evaluation(
+    multi30k_data, tmp_path):
+  """Dev loss never improves by 100: early stopping after 3 updates without an improvement
+  stops an unbroken run at update 4. A run SIGKILLed as its evaluation of update 2 begins
+  (update 2 saved, not evaluated) evaluates update 2 when it resumes, stops at update 4 too,
+  with the same record of the best (value, update, improved_at) and the same figures."""
+  common = ["--local_eval_frequency=1", "--eval_steps=2", "--eval_bleu_sentences=0",
+            "--save_checkpoints_steps=1", "--eval_early_stopping_steps=3",
+            "--eval_early_stopping_metric_delta=100", "--train_steps=10"]
+  straight = str(tmp_path / "straight")
+  unbroken = cli("t2t-lite-trainer", *_flags(multi30k_data, straight, *common), check=True)
+  assert "trained 4 updates" in unbroken.stdout, unbroken.stdout
+  broken = str(tmp_path / "broken")
+  env = dict(os.environ, T2T_LITE_FAULT="evaluate:2")
+  killed = subprocess.run([os.path.join(BIN, "t2t-lite-trainer"),
+                           *_flags(multi30k_data, broken, *common)], env=env,
+                          capture_output=True, text=True, timeout=300)
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  assert _best(broken)["evaluated_at"] == 1
+  resumed = cli("t2t-lite-trainer", *_flags(multi30k_data, broken, *common), check=True)
+  assert "update 2 was saved but not evaluated before the run stopped: evaluating it now" in \
+      resumed.stderr
+  assert "trained 4 updates" in resumed.stdout, resumed.stdout
+  assert "early stopping: dev_loss has not improved by more than 100 for 3 updates" in \
+      resumed.stdout
+  expected, got = _best(straight), _best(broken)
+  for key in ("value", "update", "improved_at", "evaluated_at"):
+    assert got[key] == pytest.approx(expected[key], abs=1e-6), key
+  assert _evaluations(unbroken.stderr) == {**_evaluations(killed.stderr),
+                                           **_evaluations(resumed.stderr)}
+
+
+def test_chrf_chrfpp_and_ter_equal_sacrebleus_own_on_the_same_files(tmp_path):
+  hypotheses = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee", "Kinder."]
+  references = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Die Kinder."]
+  hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+  hyp.write_text("\n".join(hypotheses) + "\n")
+  ref.write_text("\n".join(references) + "\n")
+  ours = cli("t2t-lite-bleu", f"--translation={hyp}", f"--reference={ref}",
+             "--metrics=bleu,chrf,chrfpp,ter", check=True).stdout.splitlines()
+  scores = {line.split(" = ")[0]: float(line.split(" = ")[1]) for line in ours[::2]}
+  sacrebleu = os.path.join(BIN, "sacrebleu")
+  theirs = json.loads(subprocess.run([sacrebleu, str(ref), "-i", str(hyp), "-m", "bleu",
+                                      "chrf", "ter", "-w", "4"], capture_output=True,
+                                     text=True, check=True).stdout)
+  plus = json.loads(subprocess.run([sacrebleu, str(ref), "-i", str(hyp), "-m", "chrf",
+                                    "--chrf-word-order", "2", "-w", "4"], capture_output=True,
+                                   text=True, check=True).stdout)
+  assert scores == pytest.approx({"bleu": theirs[0]["score"], "chrf": theirs[1]["score"],
+                                  "ter": theirs[2]["score"], "chrfpp": plus["score"]},
+                                 abs=0.006)
+  assert "nw:2" in ours[5] and "tok:tercom" in ours[7]  # chrF++'s word order, TER's signature
+  unknown = cli("t2t-lite-bleu", f"--translation={hyp}", f"--reference={ref}",
+                "--metrics=bleu,meteor")
+  assert unknown.returncode == 2 and "--metrics: unknown metric 'meteor'; known: bleu, chrf, " \
+      "chrfpp, ter" in unknown.stderr
+
+
+def test_a_copied_run_averages_its_own_best_and_a_missing_one_is_named(selected_run,
+                                                                       tmp_path):
+  copy = str(tmp_path / "copy")
+  shutil.copytree(selected_run["output_dir"], copy)
+  cli("t2t-lite-avg-checkpoints", f"--output_dir={copy}", "--best",
+      f"--avg_dir={tmp_path / 'avg'}", check=True)
+  with open(tmp_path / "avg" / "averaged.json") as f:
+    assert all(path.startswith(copy + "/best/") for path in json.load(f)["checkpoints"])
+  kept = _best(copy)["kept"]
+  for name in os.listdir(os.path.join(copy, "best")):
+    if name.startswith(kept[1]["checkpoint"] + "."):
+      os.remove(os.path.join(copy, "best", name))
+  result = cli("t2t-lite-avg-checkpoints", f"--output_dir={copy}", "--best",
+               f"--avg_dir={tmp_path / 'avg2'}")
+  assert result.returncode == 2
+  assert f"best.json lists {kept[1]['checkpoint']}, which is not there" in \
+      result.stderr.strip().splitlines()[-1]
