@@ -106,6 +106,25 @@ def worker_train(spec: dict) -> dict:
   return measure.result(micro_steps, measure.block(micro_steps))
 
 
+def worker_ema_speed(spec: dict) -> dict:
+  """Tokens/s with the moving average of the weights on and off, in one process: blocks of
+  micro-steps alternate between the two learners (the same batches), so a drift of the
+  machine's pace falls on both; the medians of the blocks' rates and their ratio."""
+  on = _TrainMeasure({**spec, "hparams": f"{spec.get('hparams', '')},ema_decay=0.999"
+                      .lstrip(",")})
+  off = _TrainMeasure(spec)
+  rates = {"on": [], "off": []}
+  tokens = spec["rows"] * spec["length"] * spec["micro_steps"]
+  for _ in range(spec["rounds"]):
+    for name, measure in (("off", off), ("on", on)):
+      rates[name].append(tokens / measure.block(spec["micro_steps"]))
+  median = {name: sorted(values)[len(values) // 2] for name, values in rates.items()}
+  return {"tokens_per_second_on": median["on"], "tokens_per_second_off": median["off"],
+          "ratio": median["on"] / median["off"], "rounds": spec["rounds"],
+          "moving_average_mib": on.learner.state_bytes()["moving_average"] / 2 ** 20,
+          "compute_dtype": on.result(1, 1.0)["compute_dtype"]}
+
+
 # Name scopes of the model (layers.py, transformer.py, optimize.py); gradient ops carry them.
 PROFILE_SCOPES = ("cross_entropy", "softmax", "layer_norm", "dropout", "adam")
 
@@ -358,7 +377,8 @@ def worker_cluster(spec: dict) -> dict:
 WORKERS = {"train": worker_train, "cluster_member": worker_cluster_member,
            "cluster": worker_cluster, "keras": worker_keras, "keras_speed": worker_keras_speed,
            "profile": worker_profile,
-           "host_syncs": worker_host_syncs, "mirrored": worker_mirrored}
+           "host_syncs": worker_host_syncs, "mirrored": worker_mirrored,
+           "ema_speed": worker_ema_speed}
 
 
 def suite(quick: bool, data_dir: str | None):
@@ -376,6 +396,10 @@ def suite(quick: bool, data_dir: str | None):
     for n in memory_ns:
       specs.append((f"memory/{label}/n={n}", {"kind": "train", **config, "n": n,
                                               "warmup_micro_steps": 0, "micro_steps": n}))
+  for label, config in (("transformer_multi30k_cpu", cpu), ("transformer_base", base)):
+    specs.append((f"memory/{label}/n=1/ema", {
+        "kind": "train", **config, "n": 1, "warmup_micro_steps": 0, "micro_steps": 1,
+        "hparams": f"{config.get('hparams', '')},ema_decay=0.999".lstrip(",")}))
   steady = 4 if quick else 16
   specs.append(("speed/n=1", {"kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2,
                               "micro_steps": steady, "with_matmul_rate": True}))
@@ -389,6 +413,9 @@ def suite(quick: bool, data_dir: str | None):
       "hparams": "mixed_precision=false", "with_matmul_rate": True}))
   specs.append(("speed/n=1/xla", {"kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2,
                                   "micro_steps": steady, "xla_compile": True}))
+  specs.append(("speed/n=1/ema", {"kind": "ema_speed", **cpu, "n": 1, "warmup_micro_steps": 2,
+                                  "micro_steps": 2 if quick else 8,
+                                  "rounds": 2 if quick else 7}))
   specs.append(("keras/exactness", {"kind": "keras"}))
   specs.append(("two_workers/transformer_tiny/n=1", {
       "kind": "cluster", "hparams_set": "transformer_tiny", "rows": 8 if quick else 32,
@@ -437,8 +464,15 @@ def table(results: dict) -> str:
     acc = results.get(f"memory/{label}/n=2", {}).get("accumulators_mib", 0.0)
     rows.append(f"| {label}: parameters / Adam slots / accumulators (n>1) | "
                 f"{one['parameters_mib']:.1f} / {one['adam_slots_mib']:.1f} / {acc:.1f} MiB |")
+    ema = results.get(f"memory/{label}/n=1/ema", {})
+    if "peak_rss_mib" in ema:
+      delta = ema["peak_rss_mib"] - one["peak_rss_mib"]
+      rows.append(f"| {label}: peak RSS at n=1 with the moving average of the weights | "
+                  f"{ema['peak_rss_mib']:.0f} MiB ({delta:+.0f} vs without; the average: "
+                  f"{ema['moving_average_mib']:.1f} MiB) |")
     for name, result in results.items():
-      if name.startswith(f"memory/{label}/") and "peak_rss_mib" in result:
+      if (name.startswith(f"memory/{label}/") and not name.endswith("/ema")
+          and "peak_rss_mib" in result):
         n = name.rsplit("=", 1)[1]
         if n == "1":
           rows.append(f"| {label}: peak RSS at n=1 | {result['peak_rss_mib']:.0f} MiB |")
@@ -461,6 +495,13 @@ def table(results: dict) -> str:
                     f"/ float32 matmul FLOP/s | {r['tokens_per_second']:.0f}, "
                     f"{r['model_flops_per_second'] / 1e9:.0f} / "
                     f"{r['matmul_float32_flops_per_second'] / 1e9:.0f} GFLOP/s = {mfu:.0%} |")
+    ema = results.get("speed/n=1/ema", {})
+    if "ratio" in ema:
+      verdict = "within target" if ema["ratio"] >= 0.97 else "OVER target"
+      rows.append(f"| moving average of the weights ({ema['compute_dtype']}, n=1): tokens/s "
+                  f"on / off, median of {ema['rounds']} alternating blocks | "
+                  f"{ema['tokens_per_second_on']:.0f} / {ema['tokens_per_second_off']:.0f} "
+                  f"({ema['ratio']:.3f}; target >= 0.97: {verdict}) |")
     xla = results.get("speed/n=1/xla", {})
     if "tokens_per_second" in xla:
       rows.append(f"| --xla_compile ({xla['compute_dtype']}, n=1): tokens/s with / without | "

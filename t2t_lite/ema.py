@@ -67,6 +67,18 @@ class WeightAverage(tf.Module):
   def nbytes(self) -> int:
     return sum(v.shape.num_elements() * 4 for v in self.averages)
 
+  def holds_updates(self) -> bool:
+    """Whether an update was averaged yet (the average is empty before the first)."""
+    return float(self.weight.numpy()) > 0
+
+  def swap_with(self, variables) -> None:
+    """Exchanges `variables` (the model's) and their averages, one variable at a time (no
+    second copy of the model); called twice, everything is as it was, bit for bit."""
+    for variable, average in zip(variables, self.averages):
+      raw = tf.identity(variable)
+      variable.assign(average)
+      average.assign(raw)
+
 
 def enabled(hparams) -> bool:
   return hparams.ema_decay > 0

@@ -10,7 +10,7 @@ The figures (`--eval_metrics`, any of metrics.DEV_METRICS):
 Each is a TensorBoard scalar (eval/) and in the eval log line.
 
 With a moving average of the weights (ema_decay > 0) the evaluation reads the average (see
-Learner.swap_average) unless --eval_weights=raw. The K best evaluations by the metric the
+WeightAverage.swap_with) unless --eval_weights=raw. The K best evaluations by the metric the
 run judges by are kept in `output_dir/best` with early stopping's state (t2t_lite.best).
 """
 
@@ -92,14 +92,15 @@ class Evaluator:
   @contextlib.contextmanager
   def _evaluated(self):
     """The model holds the weights evaluated: the moving average, swapped in and back."""
-    swap = self.weights == ema_lib.EMA and self.learner.has_average()
+    average = self.learner.average
+    swap = self.weights == ema_lib.EMA and average.holds_updates()
     if swap:
-      self.learner.swap_average()
+      average.swap_with(self.learner.variables)
     try:
       yield
     finally:
       if swap:
-        self.learner.swap_average()
+        average.swap_with(self.learner.variables)
 
   def evaluate(self, update: int) -> dict:
     start = time.time()
@@ -133,6 +134,49 @@ class Evaluator:
   def flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()
+
+
+class ChiefEvaluations:
+  """The evaluations as every worker of a run takes part in them: the chief evaluates (its
+  Evaluator; None on the others and when the run does not evaluate) while the others wait
+  for its verdict, shared by `from_chief(values)` (the chief's values on every worker)."""
+
+  def __init__(self, evaluator: Evaluator | None, frequency: int, from_chief, faults):
+    self.evaluator, self.frequency = evaluator, frequency
+    self.from_chief, self.faults = from_chief, faults
+
+  def stopped_early(self, update: int) -> bool:
+    """Whether early stopping had stopped the run at `update` (a resumed run stays stopped);
+    no collective: the caller shares it."""
+    return self.evaluator is not None and self.evaluator.early_stop(update) is not None
+
+  def evaluate(self, update: int) -> bool:
+    """Evaluates `update` (saved already); whether early stopping says to stop."""
+    early = False
+    if self.evaluator is not None:
+      self.faults.evaluating()
+      self.evaluator.evaluate(update)
+      early = self.evaluator.early_stop(update) is not None
+    return self.from_chief([float(early)])[0] > 0
+
+  def owed(self, update: int) -> bool:
+    """Whether the run resumed at an evaluation's update that was saved but not evaluated
+    (the process stopped in between): the chief's answer, on every worker."""
+    if not (self.frequency and update and update % self.frequency == 0):
+      return False
+    owed = self.evaluator is not None and self.evaluator.owed(update)
+    if owed:
+      logging.info("update %d was saved but not evaluated before the run stopped: evaluating "
+                   "it now", update)
+    return self.from_chief([float(owed)])[0] > 0
+
+  def stop_reason(self, update: int) -> str:
+    return (self.evaluator.early_stop(update) if self.evaluator is not None
+            else "early stopping, by the chief's evaluation")
+
+  def flush(self) -> None:
+    if self.evaluator is not None:
+      self.evaluator.flush()
 
 
 def _evaluated_weights(learner, choice: str) -> str:

@@ -142,36 +142,45 @@ class Learner:
     self.in_step = False  # inside a compiled micro-step or update (see step)
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
-      self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
-      self.variables = list(self.model.trainable_variables)
-      self.adam = Adam(self.variables, hparams.optimizer_adam_beta1,
-                       hparams.optimizer_adam_beta2, hparams.optimizer_adam_epsilon)
-      counter = dict(dtype=tf.int64, trainable=False,
-                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-      self.micro_step = tf.Variable(0, name="micro_step", **counter)
-      self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
-      # Micro-steps done of the update in progress.
-      self.in_update = tf.Variable(0, name="in_update", **counter)
-      # The layout a checkpoint was written on: [replicas, micro-steps of the update in
-      # progress]; a resume on another layout is checked against it (see train.Trainer).
-      self.layout = tf.Variable([self.replicas, self.schedule.steps_for(1)], name="layout",
-                                **counter)
-      # The last update of a schedule with a cooldown; 0 until fixed (see t2t_lite.budget).
-      self.cooldown = hparams_check.has_cooldown(hparams)
-      self.cooldown_end = tf.Variable(0, name="cooldown_end", **counter)
-      self.accumulator = (GradientAccumulator(self.variables)
-                          if self.schedule.needs_accumulators else None)
-      # The moving average of the weights (t2t_lite.ema), updated after each applied update.
-      self.average = (ema_lib.WeightAverage(self.variables, hparams.ema_decay,
-                                            hparams.ema_reference_tokens)
-                      if ema_lib.enabled(hparams) else None)
-      self.window = Window()
-      # float16 needs loss scaling; bfloat16 has float32's range and does not.
-      self.loss_scale = None
-      if compute_dtype(hparams) == tf.float16:
-        self.loss_scale = tf.Variable(2.0 ** 15, trainable=False, name="loss_scale",
-                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.good_updates = tf.Variable(0, name="good_updates", **counter)
+      self._make_state(hparams, vocab_size, seed)
+    self._compile(xla_compile)
+
+  def _make_state(self, hparams, vocab_size: int, seed: int) -> None:
+    """The model, Adam, the counters and the optional parts (accumulators, moving average,
+    loss scale), created in the strategy's scope."""
+    self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
+    self.variables = list(self.model.trainable_variables)
+    self.adam = Adam(self.variables, hparams.optimizer_adam_beta1,
+                     hparams.optimizer_adam_beta2, hparams.optimizer_adam_epsilon)
+    counter = dict(dtype=tf.int64, trainable=False,
+                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    self.micro_step = tf.Variable(0, name="micro_step", **counter)
+    self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
+    # Micro-steps done of the update in progress.
+    self.in_update = tf.Variable(0, name="in_update", **counter)
+    # The layout a checkpoint was written on: [replicas, micro-steps of the update in
+    # progress]; a resume on another layout is checked against it (see train.Trainer).
+    self.layout = tf.Variable([self.replicas, self.schedule.steps_for(1)], name="layout",
+                              **counter)
+    # The last update of a schedule with a cooldown; 0 until fixed (see t2t_lite.budget).
+    self.cooldown = hparams_check.has_cooldown(hparams)
+    self.cooldown_end = tf.Variable(0, name="cooldown_end", **counter)
+    self.accumulator = (GradientAccumulator(self.variables)
+                        if self.schedule.needs_accumulators else None)
+    # The moving average of the weights (t2t_lite.ema), updated after each applied update.
+    self.average = (ema_lib.WeightAverage(self.variables, hparams.ema_decay,
+                                          hparams.ema_reference_tokens)
+                    if ema_lib.enabled(hparams) else None)
+    self.window = Window()
+    # float16 needs loss scaling; bfloat16 has float32's range and does not.
+    self.loss_scale = None
+    if compute_dtype(hparams) == tf.float16:
+      self.loss_scale = tf.Variable(2.0 ** 15, trainable=False, name="loss_scale",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self.good_updates = tf.Variable(0, name="good_updates", **counter)
+
+  def _compile(self, xla_compile: bool) -> None:
+    """The compiled steps."""
     # Per-replica inputs are DistributedValues, which a TensorSpec signature cannot take.
     # No autograph: the steps branch on tensors only through explicit tf.cond, and
     # converting every layer's Python source took most of a small model's first trace.
@@ -358,18 +367,6 @@ class Learner:
                      tf.maximum(self.loss_scale / 2.0, MIN_LOSS_SCALE))
     self.loss_scale.assign(scale)
     self.good_updates.assign(tf.where(grow, tf.constant(0, tf.int64), good))
-
-  def has_average(self) -> bool:
-    """Whether the moving average holds an update yet (it does after the first)."""
-    return self.average is not None and float(self.average.weight.numpy()) > 0
-
-  def swap_average(self) -> None:
-    """Exchanges the model's weights and their moving average, one variable at a time (no
-    second copy of the model); called twice, everything is as it was, bit for bit."""
-    for variable, average in zip(self.variables, self.average.averages):
-      raw = tf.identity(variable)
-      variable.assign(average)
-      average.assign(raw)
 
   def _eval_loss(self, batch):
     """(summed negative log-likelihood, tokens): no label smoothing, so dev figures compare

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 from absl import logging
 
-from t2t_lite import distribute, formats, hparams_check, layouts, rundir
+from t2t_lite import distribute, formats, layouts, rundir
 from t2t_lite import faults as faults_lib
 from t2t_lite import stream as stream_lib
 from t2t_lite.checkpoints import (Checkpoints, cluster_warm_start_source, warm_start,
@@ -40,7 +40,7 @@ from t2t_lite.clock import Agreement, Clock, StopRequests
 from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, TRAIN_STEPS, Agreed,
                              Checkpointing, Evaluation, Progress, Stopping, decide)
 from t2t_lite.errors import RunError, UsageError
-from t2t_lite.evaluation import Evaluator
+from t2t_lite.evaluation import ChiefEvaluations, Evaluator
 from t2t_lite.learner import Learner
 from t2t_lite.run_plan import SAMPLED_FROM, RunPlan, training_splits
 from t2t_lite.steps import BatchPlan
@@ -108,6 +108,8 @@ class Trainer:
     self.log = TrainLog(self.learner, plan, NonFiniteGuard(
         hparams.max_consecutive_nonfinite, options.output_dir))
     self.evaluator = self._make_evaluator() if is_chief else None
+    self.evaluations = ChiefEvaluations(self.evaluator, options.evaluation.frequency,
+                                        self._from_chief, self.faults)
 
   @property
   def sampled_from(self) -> tf.Variable:
@@ -223,18 +225,7 @@ class Trainer:
     if self.is_chief:
       self.log.writer = tf.summary.create_file_writer(
           os.path.join(self.options.output_dir, "train"))
-    for line in self.plan.lines():
-      logging.info("%s", line)
-    hparams = self.hparams
-    if hparams_check.has_dropout_ramp(hparams):
-      logging.info("residual dropout: %g until update %d, rising linearly to %g at update %d",
-                   hparams.dropout_ramp_initial, hparams.dropout_ramp_start,
-                   hparams.layer_prepostprocess_dropout, hparams.dropout_ramp_end)
-    if self.learner.average is not None:
-      logging.info("moving average of the weights: decay %g per %g target tokens (one more "
-                   "copy of the parameters, %.1f MiB)", hparams.ema_decay,
-                   hparams.ema_reference_tokens,
-                   self.learner.state_bytes()["moving_average"] / 2 ** 20)
+    self.log.run_start(self.hparams)
     with self.stops.handling_signals():
       try:
         return self._loop()
@@ -271,10 +262,10 @@ class Trainer:
     self.run_plan.start(update)
     progress = Progress(tried=update, seen=update, applied=update)
     # A resumed run that early stopping had stopped, or whose budget is spent, stays stopped.
-    early = self.evaluator is not None and self.evaluator.early_stop(update) is not None
+    early = self.evaluations.stopped_early(update)
     spent = clock.deadline is not None and time.time() >= clock.deadline
     early, spent = (flag > 0 for flag in self._from_chief([float(early), float(spent)]))
-    if not early and self._evaluation_owed(update):
+    if not early and self.evaluations.owed(update):
       early = self._evaluate(update, clock)
     actions = decide(progress, Agreed(out_of_time=spent, early_stop=early),
                      self.run_plan.schedule())
@@ -330,37 +321,18 @@ class Trainer:
     return self._from_chief([projected if self.is_chief else 0.0])[0]
 
   def _evaluate(self, update: int, clock: Clock) -> bool:
-    """Evaluates on the chief (the update is saved already) while the other workers wait
-    for its verdict; whether early stopping says to stop."""
+    """The evaluation of `update`, its time kept off the budget; whether to stop early."""
     pause = time.time()
-    early = False
-    if self.evaluator is not None:
-      self.faults.evaluating()
-      self.evaluator.evaluate(update)
-      early = self.evaluator.early_stop(update) is not None
-    early = self._from_chief([float(early)])[0] > 0
+    early = self.evaluations.evaluate(update)
     clock.paused(pause)
     return early
-
-  def _evaluation_owed(self, update: int) -> bool:
-    """Whether the run resumed at an evaluation's update that was saved but not evaluated
-    (the process stopped in between): the chief's answer, on every worker."""
-    frequency = self.options.evaluation.frequency
-    if not (frequency and update and update % frequency == 0):
-      return False
-    owed = self.evaluator is not None and self.evaluator.owed(update)
-    if owed:
-      logging.info("update %d was saved but not evaluated before the run stopped: evaluating "
-                   "it now", update)
-    return self._from_chief([float(owed)])[0] > 0
 
   def _finish(self, stop: str, progress: Progress, clock: Clock) -> dict:
     learner, stream = self.learner, self.stream
     update = progress.applied if progress.applied is not None else progress.seen
     path = self.save()
     self.log.writer.flush()
-    if self.evaluator is not None:
-      self.evaluator.flush()
+    self.evaluations.flush()
     reason = self._stop_reason(stop, update)
     micro_step = learner.host_micro_step()
     logging.info("stopped: %s; update %d, micro-step %d, %s", reason, update, micro_step, path)
@@ -375,8 +347,7 @@ class Trainer:
 
   def _stop_reason(self, stop: str, update: int) -> str:
     if stop == EARLY_STOP:
-      return (self.evaluator.early_stop(update) if self.evaluator is not None
-              else "early stopping, by the chief's evaluation")
+      return self.evaluations.stop_reason(update)
     if stop == SIGNAL:
       return (f"signal {self.stops.signal}" if self.stops.signal is not None
               else "a stop signal on another worker")

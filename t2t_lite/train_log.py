@@ -51,6 +51,21 @@ class TrainLog:
     self._last_read = None
     self._reduction_logged = False
 
+  def run_start(self, hparams) -> None:
+    """What the run will do: the batch plan, the dropout ramp, the moving average."""
+    from t2t_lite import hparams_check
+    for line in self.plan.lines():
+      logging.info("%s", line)
+    if hparams_check.has_dropout_ramp(hparams):
+      logging.info("residual dropout: %g until update %d, rising linearly to %g at update %d",
+                   hparams.dropout_ramp_initial, hparams.dropout_ramp_start,
+                   hparams.layer_prepostprocess_dropout, hparams.dropout_ramp_end)
+    if self.learner.average is not None:
+      logging.info("moving average of the weights: decay %g per %g target tokens (one more "
+                   "copy of the parameters, %.1f MiB)", hparams.ema_decay,
+                   hparams.ema_reference_tokens,
+                   self.learner.state_bytes()["moving_average"] / 2 ** 20)
+
   def read(self) -> int:
     """Reads the device's window of statistics (a collective across workers): adds it to
     the window of the next log line, reports skipped updates, stops a diverging run.

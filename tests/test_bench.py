@@ -33,6 +33,29 @@ def test_table_judges_the_memory_target():
   assert "peak RSS at n=4 | 1070 MiB (+70 vs n=1; target <= +60: OVER target)" in text
 
 
+def test_ema_worker_alternates_and_the_table_judges_its_cost():
+  spec = {"kind": "ema_speed", "hparams_set": "transformer_tiny", "rows": 4, "length": 8,
+          "vocab": 100, "n": 1, "warmup_micro_steps": 1, "micro_steps": 1, "rounds": 2}
+  result = common.run_worker(bench.MODULE, spec)
+  assert "error" not in result, result
+  assert result["rounds"] == 2 and result["tokens_per_second_on"] > 0
+  assert result["ratio"] == result["tokens_per_second_on"] / result["tokens_per_second_off"]
+  assert result["moving_average_mib"] > 0
+  state = {"parameters_mib": 10.0, "adam_slots_mib": 20.0, "accumulators_mib": 0.0}
+  text = bench.table({
+      "memory/transformer_multi30k_cpu/n=1": {"peak_rss_mib": 1000.0, **state},
+      "memory/transformer_multi30k_cpu/n=1/ema": {"peak_rss_mib": 1012.0, **state,
+                                                  "moving_average_mib": 10.0},
+      "speed/n=1": {"tokens_per_second": 100.0}, "speed/n=8": {"tokens_per_second": 100.0},
+      "speed/n=1/ema": {"tokens_per_second_on": 96.0, "tokens_per_second_off": 100.0,
+                        "ratio": 0.96, "rounds": 7, "compute_dtype": "bfloat16"}})
+  assert ("peak RSS at n=1 with the moving average of the weights | 1012 MiB (+12 vs "
+          "without; the average: 10.0 MiB)") in text
+  assert "tokens/s on / off, median of 7 alternating blocks | 96 / 100 (0.960; target >= " \
+         "0.97: OVER target)" in text
+  assert "peak RSS at n=1/ema" not in text
+
+
 def test_flop_count_of_a_batch():
   from t2t_lite import registry
   hparams = registry.hparams("transformer_multi30k_cpu")

@@ -22,12 +22,14 @@ def test_dry_run_prints_the_step_arithmetic():
   assert result.stderr.count("\n") < 5, "TensorFlow start-up noise leaked: " + result.stderr
 
 
-def test_dry_run_of_single_step_set_has_no_accumulators():
+def test_dry_run_of_single_step_set_has_no_accumulators_and_states_the_moving_average():
   out = cli("t2t-lite-trainer", "--hparams_set=transformer_base", "--train_steps=7",
-            "--dry_run", check=True).stdout
+            "--hparams=ema_decay=0.99", "--dry_run", check=True).stdout
   assert "tokens per update: 4096 (= 4096 x 1 x 1)" in out
   assert "micro-steps: 7 (= 7 x 1)" in out
   assert "accumulators: 0.0 MiB (none with accumulate steps 1)" in out
+  assert ("moving average of the weights: 183.9 MiB (decay 0.99 per 25000 target tokens)"
+          in out)
 
 
 @pytest.mark.parametrize("args, message", [

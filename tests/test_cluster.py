@@ -31,7 +31,8 @@ def flags_for(data_dir, output_dir, *extra):
 
 
 def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_path):
-  """Evaluations with BLEU at updates 5 and 10, which are not log (every 4) or save updates:
+  """Evaluations with BLEU of the moving average of the weights at updates 5 and 10, both kept
+  in best/, which are not log (every 4) or save updates:
   every worker reads the window there (the crash was only the chief reading it). Dev loss
   cannot improve by 100, so early stopping ends the run at update 10 on both workers. Both
   started from the one checkpoint the chief resolved and end with equal weights. The
@@ -44,7 +45,8 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   workers = finish(start_workers(flags_for(
       tiny_run["data_dir"], output_dir, "--train_minutes=30",
       f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
-      f"learning_rate_schedule={schedule}", "--train_steps=12", "--local_eval_frequency=5",
+      f"learning_rate_schedule={schedule},ema_decay=0.9,ema_reference_tokens=3000",
+      "--keep_best_checkpoints=2", "--train_steps=12", "--local_eval_frequency=5",
       "--log_every=4", "--eval_steps=2", "--eval_bleu_sentences=8",
       "--save_checkpoints_steps=0", "--eval_early_stopping_steps=5",
       "--eval_early_stopping_metric_delta=100", f"--warm_start_from={source}")))
@@ -73,6 +75,12 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   with open(os.path.join(output_dir, "best", "best.json")) as f:
     best = json.load(f)
   assert best["metric"] == "dev_loss" and best["improved_at"] == 5 and best["update"] in (5, 10)
+  # the chief evaluated the moving average (swapped in while the others waited) and kept
+  # both evaluations
+  assert best["weights"] == "ema" and sorted(e["update"] for e in best["kept"]) == [5, 10]
+  assert all("moving average" in line for line in evaluations)
+  for entry in best["kept"]:
+    assert os.path.isfile(os.path.join(output_dir, "best", entry["checkpoint"] + ".index"))
   assert not os.path.exists(os.path.join(output_dir, "workers"))  # one run directory
 
 

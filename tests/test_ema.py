@@ -89,9 +89,9 @@ def test_swapping_twice_restores_the_weights_bit_for_bit_and_off_costs_nothing()
     learner.step(batch)
   raw = [v.numpy().copy() for v in learner.variables]
   averages = [a.numpy().copy() for a in learner.average.averages]
-  learner.swap_average()
+  learner.average.swap_with(learner.variables)
   assert all(np.array_equal(v.numpy(), a) for v, a in zip(learner.variables, averages))
-  learner.swap_average()
+  learner.average.swap_with(learner.variables)
   assert all(np.array_equal(v.numpy(), r) for v, r in zip(learner.variables, raw))
   assert learner.state_bytes()["moving_average"] == learner.state_bytes()["parameters"]
   off = Learner(tiny_hparams(), VOCAB, 1, seed=3)

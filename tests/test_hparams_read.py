@@ -119,7 +119,8 @@ def _optimizer(hparams, train_file):
   batches = _batches(hparams, train_file)
   for step in range(accumulate):
     result = learner.step(batches[step % 2])
-  state = [*learner.model.variables, *learner.adam.m, *learner.adam.v]
+  state = [*learner.model.variables, *learner.adam.m, *learner.adam.v,
+           *(learner.average.averages if learner.average is not None else [])]
   return float(result["learning_rate"]), [float(np.sum(np.abs(v.numpy()))) for v in state]
 
 
@@ -170,10 +171,13 @@ def test_every_hparam_is_read_or_refused(train_file):
       ignored.append(name)
   assert not ignored, f"accepted and ignored: {ignored}"
   # learning_rate_cooldown: refused unless the schedule has the factor that reads it;
-  # dropout_ramp_start and _initial: refused unless dropout_ramp_end turns the ramp on
+  # dropout_ramp_start and _initial: refused unless dropout_ramp_end turns the ramp on;
+  # ema_reference_tokens: refused unless ema_decay turns the moving average on
   assert set(refusals) == {"model", "optimizer", "layer_preprocess_sequence",
                            "layer_postprocess_sequence", "learning_rate_cooldown",
-                           "dropout_ramp_start", "dropout_ramp_initial"}, refusals
+                           "dropout_ramp_start", "dropout_ramp_initial",
+                           "ema_reference_tokens"}, refusals
+  assert read_by["ema_decay"] == "_optimizer"
   assert read_by["dropout_ramp_end"] == "_optimizer"
   assert read_by["max_consecutive_nonfinite"] == "_guard"
   assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"

@@ -145,6 +145,14 @@ def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
     loaded = inference.load(output_dir, weights=weights)
     assert loaded.weights == ("ema" if weights == "auto" else "raw")
     np.testing.assert_array_equal(loaded.model.embedding.numpy(), expected)
+  # a warm start from the average of the newest checkpoint starts from the moving average
+  from t2t_lite import rundir
+  from t2t_lite.checkpoints import warm_start, warm_start_source
+  from t2t_lite.learner import Learner
+  hparams, meta = rundir.model_from_run(output_dir)
+  learner = Learner(hparams, meta["vocab_size"], 2)
+  warm_start(learner, warm_start_source(str(tmp_path / "last_auto")))
+  np.testing.assert_array_equal(learner.model.embedding.numpy(), _average_of_embedding(run))
   source = tmp_path / "src.en"
   source.write_text("A man rides a bike.\nTwo dogs.\n")
   decoded = cli("t2t-lite-decoder", f"--output_dir={output_dir}", f"--decode_from_file={source}",

@@ -139,6 +139,7 @@ def test_one_bleu_point_per_checkpoint_at_its_update(scored):
   assert sorted(record) == ["ckpt-2", "ckpt-4", "ckpt-6"]
   for (step, value), name in zip(events, ["ckpt-2", "ckpt-4", "ckpt-6"]):
     assert record[name]["update"] == step and record[name]["micro_step"] == 2 * step
+    assert record[name]["weights"] == "raw"  # the run keeps no moving average
     assert value == pytest.approx(record[name]["bleu"], abs=1e-4)
     assert f"{value:.2f}" == printed[name][1]
   assert "scored 3 checkpoints (0 scored before)" in scored["result"].stderr

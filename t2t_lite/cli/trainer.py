@@ -239,6 +239,9 @@ def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[
              f"Adam slots: {_format_bytes(params * 8)}; accumulators: "
              f"{_format_bytes(accumulators)}"
              + (" (none with accumulate steps 1)" if not accumulators else "")]
+  if hparams.ema_decay > 0:
+    summary.append(f"moving average of the weights: {_format_bytes(params * 4)} (decay "
+                   f"{hparams.ema_decay:g} per {hparams.ema_reference_tokens:g} target tokens)")
   if FLAGS.xla_compile:
     summary.append("XLA: forward and backward pass compiled once per batch shape (training "
                    "batches padded to their length bucket's boundary)")
