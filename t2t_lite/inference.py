@@ -114,18 +114,60 @@ def build(output_dir: str | None, hparams_set: str | None = None, overrides: str
 def restore(model, path: str, weights: str = "auto") -> str:
   """Restores checkpoint `path` into `model`: its moving average of the weights or its raw
   weights, as `weights` (t2t_lite.ema.CHOICES: auto takes the average where the checkpoint
-  holds one) chooses; which one it read ("ema" or "raw"). A usage error for `ema` where there
-  is no average; TensorFlow's own error when the checkpoint does not fit."""
+  holds one) chooses; which one it read ("ema" or "raw"). A checkpoint written from chosen
+  weights (an average's, a kept best one) holds those alone, as its folder's record says.
+  A usage error for weights the checkpoint does not hold; TensorFlow's own error when it
+  does not fit."""
   from t2t_lite.runtime import import_tensorflow
   tf = import_tensorflow()
   from t2t_lite import ema
-  chosen = ema.resolve(path, weights)
-  tf.train.Checkpoint(model=model).restore(path).expect_partial() \
+  recorded = _recorded_weights(path)
+  if recorded is not None:
+    chosen, what = recorded
+    if weights not in ("auto", chosen):
+      raise UsageError(f"--weights={weights}: checkpoint {path} holds {what} only; use "
+                       f"--weights=auto, or choose the weights where it was made")
+  else:
+    chosen = ema.resolve(path, weights)
+    what = ema.describe(chosen)
+  tf.train.Checkpoint(model=model).read(path).expect_partial() \
       .assert_existing_objects_matched()
-  if chosen == ema.EMA:
+  if recorded is None and chosen == ema.EMA:
     ema.restore_averages(model, path)
-  logging.info("restored %s: %s", path, ema.describe(chosen))
+  logging.info("restored %s: %s", path, what)
   return chosen
+
+
+def describe_weights(path: str, chosen: str) -> str:
+  """What `restore` read from `path` (for a program to print)."""
+  from t2t_lite import ema
+  recorded = _recorded_weights(path)
+  return recorded[1] if recorded is not None else ema.describe(chosen)
+
+
+def _recorded_weights(path: str) -> tuple[str, str] | None:
+  """(weights, what they are) of a checkpoint written from chosen weights: an average of
+  checkpoints (averaged.json beside it) or a kept best one (best.json); None for a training
+  checkpoint. Records from before the moving average hold raw weights."""
+  import json
+  import os
+  folder = os.path.dirname(path)
+  for name in ("averaged.json", "best.json"):
+    record_path = os.path.join(folder, name)
+    if not os.path.isfile(record_path):
+      continue
+    try:
+      with open(record_path) as f:
+        record = json.load(f)
+      kind = record.get("weights", "raw") if isinstance(record, dict) else "raw"
+    except (OSError, ValueError):
+      return None
+    from t2t_lite import ema
+    if name == "averaged.json":
+      count = len(record.get("checkpoints", [])) if isinstance(record, dict) else 0
+      return kind, f"the mean of {count} checkpoints' {ema.describe(kind)[4:]}"
+    return kind, f"{ema.describe(kind)} as its evaluation read them (a kept best checkpoint)"
+  return None
 
 
 def newest_checkpoint(output_dir: str | None, checkpoint_path: str | None = None) -> str:

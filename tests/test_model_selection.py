@@ -129,7 +129,8 @@ def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
       tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "best_avg")))
       .get_tensor(EMBEDDING), np.mean([r.get_tensor(EMBEDDING) for r in readers], axis=0),
       atol=1e-7)
-  with pytest.raises(UsageError, match="keeps the moving averages its evaluations read"):
+  with pytest.raises(UsageError, match=r"--weights=raw: checkpoint .*best/ckpt-\d+ holds the "
+                     r"moving average of the weights \(ema\) as its evaluation read them"):
     avg_checkpoints.average(output_dir, 5, str(tmp_path / "raw_best"), best_of=0,
                             weights="raw")
   # the last checkpoint, by its average (the default) and by its raw weights
@@ -159,6 +160,11 @@ def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
                 f"--decode_to_file={tmp_path / 'out'}", "--decode_hparams=beam_size=1",
                 check=True)
   assert "weights: the moving average of the weights (ema)" in decoded.stderr
+  averaged = cli("t2t-lite-decoder", f"--output_dir={tmp_path / 'best_avg'}",
+                 f"--decode_from_file={source}", f"--decode_to_file={tmp_path / 'out2'}",
+                 "--decode_hparams=beam_size=1", "--weights=ema", check=True)
+  assert "weights: the mean of 2 checkpoints' moving average of the weights (ema)" in \
+      averaged.stderr
   export.export_run(output_dir, str(tmp_path / "export"), "ctranslate2", weights="raw")
   with open(tmp_path / "export" / "t2t_lite_export.json") as f:
     assert json.load(f)["weights"] == "raw"

@@ -78,11 +78,11 @@ def _read_weights(model, path: str, weights: str) -> str:
   return inference.restore(model, path, weights)
 
 
-def _best_checkpoints(output_dir: str, count: int | None) -> tuple[list[str], dict]:
+def _best_checkpoints(output_dir: str, count: int | None) -> list[str]:
   """The `count` best (all if None) of the checkpoints the trainer kept in OUTPUT_DIR/best,
-  oldest first, and their record."""
+  oldest first."""
   from t2t_lite import best
-  record, kept = best.read(os.path.join(output_dir, "best"))
+  _, kept = best.read(os.path.join(output_dir, "best"))
   if not kept:
     raise UsageError(f"{output_dir}/best keeps no checkpoints (trained with "
                      "--keep_best_checkpoints=0); average the last ones instead (drop --best)")
@@ -92,13 +92,13 @@ def _best_checkpoints(output_dir: str, count: int | None) -> tuple[list[str], di
     raise UsageError(f"{output_dir}/best/best.json lists {os.path.basename(missing[0])}, which "
                      f"is not there ({missing[0]}.index); restore the folder, or average the "
                      "last checkpoints (drop --best)")
-  return sorted(paths, key=lambda p: int(p.rsplit("-", 1)[1])), record
+  return sorted(paths, key=lambda p: int(p.rsplit("-", 1)[1]))
 
 
 def _paths(output_dir: str, num_last: int, best_of: int | None) -> list[str]:
   """The checkpoints to average, oldest first: the newest num_last, or the best ones."""
   if best_of is not None:
-    return _best_checkpoints(output_dir, best_of or None)[0]
+    return _best_checkpoints(output_dir, best_of or None)
   from t2t_lite.checkpoints import newest_first
   return list(reversed(newest_first(output_dir)[:num_last]))
 
@@ -153,13 +153,6 @@ def average(output_dir: str, num_last: int, avg_dir: str, best_of: int | None = 
   hparams, meta = rundir.model_from_run(output_dir)
   model = registry.model(hparams.model)(hparams, meta["vocab_size"])
   paths, read = _mean_of(tf, model, output_dir, num_last, best_of, weights)
-  evaluated = ""
-  if best_of is not None:
-    record = _best_checkpoints(output_dir, best_of or None)[1]
-    evaluated = record.get("weights", "raw")
-    if weights == "raw" and evaluated == "ema":
-      raise UsageError(f"{output_dir}/best keeps the moving averages its evaluations read, not "
-                       "raw weights; average the last checkpoints with --weights=raw instead")
   # An earlier average is swapped out (or moved aside) only once the new one is complete.
   # The update of the newest checkpoint averaged, kept in the average (translate-all plots
   # it there); its micro-batch count N would be a wrong update with replicas or accumulation.
@@ -173,7 +166,7 @@ def average(output_dir: str, num_last: int, avg_dir: str, best_of: int | None = 
     files.write_atomic(os.path.join(tmp, MARKER), json.dumps(
         {"checkpoints": [os.path.abspath(p) for p in paths],
          "chosen": "best" if best_of is not None else "last",
-         "weights": evaluated or read}, indent=2))
+         "weights": read}, indent=2))
   return os.path.join(avg_dir, os.path.basename(saved)), paths
 
 

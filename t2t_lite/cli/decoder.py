@@ -104,8 +104,8 @@ def _engine(options, given_keys: set[str]):
                      "--output_dir alone for the tensorflow engine")
   run = inference.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
                        FLAGS.hparams, FLAGS.problem, FLAGS.data_dir, FLAGS.weights)
-  from t2t_lite.ema import describe
-  print(f"weights: {describe(run.weights)}", file=sys.stderr)
+  path = inference.newest_checkpoint(FLAGS.output_dir, FLAGS.checkpoint_path)
+  print(f"weights: {inference.describe_weights(path, run.weights)}", file=sys.stderr)
   return run.decoder(options), run.vocab, run.hparams.max_length, options
 
 
