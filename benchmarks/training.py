@@ -400,6 +400,9 @@ def suite(quick: bool, data_dir: str | None):
     specs.append((f"memory/{label}/n=1/ema", {
         "kind": "train", **config, "n": 1, "warmup_micro_steps": 0, "micro_steps": 1,
         "hparams": f"{config.get('hparams', '')},ema_decay=0.999".lstrip(",")}))
+    specs.append((f"memory/{label}/n=2/frozen", {
+        "kind": "train", **config, "n": 2, "warmup_micro_steps": 0, "micro_steps": 2,
+        "hparams": f"{config.get('hparams', '')},frozen_parts=embeddings;encoder".lstrip(",")}))
   steady = 4 if quick else 16
   specs.append(("speed/n=1", {"kind": "train", **cpu, "n": 1, "warmup_micro_steps": 2,
                               "micro_steps": steady, "with_matmul_rate": True}))
@@ -470,8 +473,16 @@ def table(results: dict) -> str:
       rows.append(f"| {label}: peak RSS at n=1 with the moving average of the weights | "
                   f"{ema['peak_rss_mib']:.0f} MiB ({delta:+.0f} vs without; the average: "
                   f"{ema['moving_average_mib']:.1f} MiB) |")
+    frozen, two = (results.get(f"memory/{label}/n=2/frozen", {}),
+                   results.get(f"memory/{label}/n=2", {}))
+    if "peak_rss_mib" in frozen and "peak_rss_mib" in two:
+      rows.append(f"| {label}, n=2, frozen_parts=embeddings;encoder: peak RSS; Adam slots / "
+                  f"accumulators | {frozen['peak_rss_mib']:.0f} MiB "
+                  f"({frozen['peak_rss_mib'] - two['peak_rss_mib']:+.0f} vs nothing frozen); "
+                  f"{frozen['adam_slots_mib']:.1f} / {frozen['accumulators_mib']:.1f} MiB "
+                  f"(against {two['adam_slots_mib']:.1f} / {two['accumulators_mib']:.1f}) |")
     for name, result in results.items():
-      if (name.startswith(f"memory/{label}/") and not name.endswith("/ema")
+      if (name.startswith(f"memory/{label}/") and not name.endswith(("/ema", "/frozen"))
           and "peak_rss_mib" in result):
         n = name.rsplit("=", 1)[1]
         if n == "1":

@@ -302,3 +302,4 @@ def warm_start(learner, path: str, with_optimizer: bool = False, source: str = "
                      f"this model: {shown}; warm start needs the same model shapes and "
                      "vocabulary")
   tf.train.Checkpoint(**objects).read(path).assert_existing_objects_matched()
+

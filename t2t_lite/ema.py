@@ -84,18 +84,9 @@ def enabled(hparams) -> bool:
   return hparams.ema_decay > 0
 
 
-def check(hparams) -> None:
-  """Usage errors for EMA hparams the code cannot use (see hparams_check)."""
-  if not 0.0 <= hparams.ema_decay < 1.0:
-    raise UsageError(f"ema_decay={hparams.ema_decay}: must be in [0, 1) (0: no moving "
-                     "average; the decay per ema_reference_tokens target tokens)")
-  if hparams.ema_reference_tokens <= 0:
-    raise UsageError(f"ema_reference_tokens={hparams.ema_reference_tokens}: must be above 0")
-
-
 class _Averages(tf.Module):
   """The checkpoint's `ema` object, with the model's own variables in place of the averages:
-  restoring it writes the average into the model."""
+  reading it writes the average into the model."""
 
   def __init__(self, variables):
     super().__init__(name="ema")
@@ -128,8 +119,9 @@ def resolve(path: str, choice: str, flag: str = "--weights") -> str:
 
 
 def restore_averages(model, path: str) -> None:
-  """Writes the checkpoint's moving average into `model`'s trainable variables."""
-  tf.train.Checkpoint(**{CHECKPOINT_KEY: _Averages(model.trainable_variables)}).restore(
+  """Writes the checkpoint's moving average into the variables of `model` that train (the
+  averages are of those, in their order; frozen parts keep their weights)."""
+  tf.train.Checkpoint(**{CHECKPOINT_KEY: _Averages(model.trained_variables())}).read(
       path).expect_partial().assert_existing_objects_matched()
 
 

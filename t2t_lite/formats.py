@@ -48,7 +48,6 @@ ADDED_HPARAMS = {
     "dropout_ramp_end": 0,
     "subword_sampling_start": 0,      # the training split, sampled or not, from the start
     "subword_sampling_min_updates": 0,
-    "ema_decay": 0.0,                 # no moving average of the weights
 }
 # Checkpoint objects that later versions added (see checkpoint_lacks).
 ADDED_TO_CHECKPOINTS = ("in_update", "layout")

@@ -60,12 +60,57 @@ def check_dropout_ramp(hparams) -> None:
 
 
 def check_ema(hparams) -> None:
-  from t2t_lite import ema
-  ema.check(hparams)
-  if not ema.enabled(hparams) and hparams.ema_reference_tokens != EMA_REFERENCE_TOKENS:
+  """The moving average's hparams (t2t_lite.ema)."""
+  if not 0.0 <= hparams.ema_decay < 1.0:
+    raise UsageError(f"ema_decay={hparams.ema_decay}: must be in [0, 1) (0: no moving "
+                     "average; the decay per ema_reference_tokens target tokens)")
+  if hparams.ema_reference_tokens <= 0:
+    raise UsageError(f"ema_reference_tokens={hparams.ema_reference_tokens}: must be above 0")
+  if hparams.ema_decay == 0 and hparams.ema_reference_tokens != EMA_REFERENCE_TOKENS:
     raise UsageError(f"ema_reference_tokens={hparams.ema_reference_tokens} is read only by a "
                      "moving average of the weights, which ema_decay=0 turns off; set "
                      "ema_decay (e.g. 0.999), or drop ema_reference_tokens")
+
+
+FROZEN_HELP = ("embeddings, encoder, decoder, or layers of a stack as encoder.I or "
+               "encoder.I-J (0-based, inclusive; decoder.I-J likewise), separated by ';'")
+
+
+def frozen_parts(hparams) -> dict:
+  """What `frozen_parts` names: {"embeddings": bool, "encoder": layer indices,
+  "decoder": layer indices, "encoder_norm": bool, "decoder_norm": bool} (a whole stack
+  includes its final norm); a usage error for an unknown part or layer, or for freezing
+  everything."""
+  layers = {"encoder": hparams.num_encoder_layers, "decoder": hparams.num_decoder_layers}
+  parts = {"embeddings": False, "encoder": set(), "decoder": set(), "encoder_norm": False,
+           "decoder_norm": False}
+  for item in (part.strip() for part in hparams.frozen_parts.split(";")):
+    if not item:
+      continue
+    if item == "embeddings":
+      parts["embeddings"] = True
+      continue
+    stack, _, span = item.partition(".")
+    if stack not in layers:
+      raise UsageError(f"frozen_parts: unknown part {item!r}; known: {FROZEN_HELP}")
+    if not span:
+      parts[stack] |= set(range(layers[stack]))
+      parts[f"{stack}_norm"] = True
+      continue
+    first, _, last = span.partition("-")
+    if not (first.isdigit() and (not last or last.isdigit())):
+      raise UsageError(f"frozen_parts: {item!r} is not {stack}.I or {stack}.I-J (0-based "
+                       "layers)")
+    first, last = int(first), int(last or first)
+    if not first <= last < layers[stack]:
+      raise UsageError(f"frozen_parts: {item!r} names layers outside the {layers[stack]} of "
+                       f"the {stack} (0-{layers[stack] - 1})")
+    parts[stack] |= set(range(first, last + 1))
+  if (parts["embeddings"] and parts["encoder_norm"] and parts["decoder_norm"]
+      and all(len(parts[s]) == n for s, n in layers.items())):
+    raise UsageError(f"frozen_parts={hparams.frozen_parts!r} freezes the whole model; "
+                     "nothing would train")
+  return parts
 
 
 def check_schedule(hparams) -> None:
@@ -121,6 +166,7 @@ def check(hparams) -> None:
                      "factor of learning_rate_schedule spans)")
   check_dropout_ramp(hparams)
   check_ema(hparams)
+  frozen_parts(hparams)
   if hparams.hidden_size % hparams.num_heads:
     raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
                      f"num_heads={hparams.num_heads}")

@@ -24,6 +24,7 @@ from t2t_lite import faults as faults_lib
 from t2t_lite import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
 from t2t_lite.optimize import Adam, GradientAccumulator, learning_rate, residual_dropout
+from t2t_lite.errors import UsageError
 from t2t_lite.steps import AccumulateSchedule
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -149,7 +150,12 @@ class Learner:
     """The model, Adam, the counters and the optional parts (accumulators, moving average,
     loss scale), created in the strategy's scope."""
     self.model = registry.model(hparams.model)(hparams, vocab_size, seed)
-    self.variables = list(self.model.trainable_variables)
+    # What trains: all but the frozen parts (hparams frozen_parts), which get no gradient,
+    # no Adam slots, no accumulator and no moving average.
+    self.variables = list(self.model.trained_variables())
+    if not self.variables:
+      raise UsageError(f"frozen_parts={hparams.frozen_parts!r} freezes every variable; "
+                       "nothing would train")
     self.adam = Adam(self.variables, hparams.optimizer_adam_beta1,
                      hparams.optimizer_adam_beta2, hparams.optimizer_adam_epsilon)
     counter = dict(dtype=tf.int64, trainable=False,

@@ -76,19 +76,29 @@ def model_from_run(output_dir: str):
   if meta is None:
     raise UsageError(f"{output_dir} holds no {META_FILE}; pass the training --output_dir "
                      "(or give --hparams_set and --problem)")
-  return HParams(**meta["hparams"]), meta
+  # A record from before an hparam existed lacks it: the basic value, which every set kept
+  # then (those whose sets changed it are filled in by formats.run_record).
+  from t2t_lite.configs.transformer import basic_params
+  return HParams(**{**basic_params().values(), **meta["hparams"]}), meta
 
 
-def parameter_count(hparams, vocab_size: int) -> int:
-  """Trainable parameters of the Transformer (checked against the built model in tests)."""
+def parameter_count(hparams, vocab_size: int, trained_only: bool = False) -> int:
+  """Trainable parameters of the Transformer (checked against the built model in tests);
+  `trained_only`: without the parts frozen_parts names."""
   h, f = hparams.hidden_size, hparams.filter_size
-  final_norms = 2 * 2 * h if hparams_check.norm_placement(hparams) == "pre_norm" else 0
+  pre_norm = hparams_check.norm_placement(hparams) == "pre_norm"
   ffn = h * f + f + f * h + h
   encoder = 4 * h * h + ffn + 2 * 2 * h
   decoder = 8 * h * h + ffn + 3 * 2 * h
   embeddings = vocab_size * h * (1 if hparams.shared_embedding_and_softmax_weights else 3)
-  return (embeddings + hparams.num_encoder_layers * encoder +
-          hparams.num_decoder_layers * decoder + final_norms)
+  frozen = (hparams_check.frozen_parts(hparams) if trained_only else
+            {"embeddings": False, "encoder": set(), "decoder": set(), "encoder_norm": False,
+             "decoder_norm": False})
+  return ((0 if frozen["embeddings"] else embeddings)
+          + (hparams.num_encoder_layers - len(frozen["encoder"])) * encoder
+          + (hparams.num_decoder_layers - len(frozen["decoder"])) * decoder
+          + sum(2 * h for stack in ("encoder", "decoder")
+                if pre_norm and not frozen[f"{stack}_norm"]))
 
 
 # The hparams that set the shapes of the model's variables.

@@ -34,8 +34,8 @@ from absl import logging
 from t2t_lite import distribute, formats, layouts, rundir
 from t2t_lite import faults as faults_lib
 from t2t_lite import stream as stream_lib
-from t2t_lite.checkpoints import (Checkpoints, cluster_warm_start_source, warm_start,
-                                  warm_start_source)
+from t2t_lite import warm_start as warm_start_lib
+from t2t_lite.checkpoints import Checkpoints, cluster_warm_start_source, warm_start_source
 from t2t_lite.clock import Agreement, Clock, StopRequests
 from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, TRAIN_STEPS, Agreed,
                              Checkpointing, Evaluation, Progress, Stopping, decide)
@@ -61,6 +61,7 @@ class RunOptions:
   log_every: int = 100                  # updates; 0 = only the last update
   warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
   warm_start_optimizer: bool = False    # ... and its Adam slots
+  warm_start_vocab: str = ""            # the source's vocabulary, where it is another one
   allow_hparams_change: bool = False    # resume on a layout with other tokens per update
   allow_stream_change: bool = False     # resume a checkpoint of an older data position on
                                         # the planned stream
@@ -104,6 +105,7 @@ class Trainer:
                               self.faults)
     # whether restore() resumed; the checkpoint a new run started from; the loop's clock
     self._resumed = self.warm_started_from = self._clock = None
+    self.warm_start_vocabulary = None  # what a warm start onto another vocabulary mapped
     self._lacks = set()  # what the checkpoint restored lacked (see _check_stream)
     self.log = TrainLog(self.learner, plan, NonFiniteGuard(
         hparams.max_consecutive_nonfinite, options.output_dir))
@@ -182,10 +184,9 @@ class Trainer:
         source = self.warm_started_from = (
             cluster_warm_start_source(options.warm_start_from, self.is_chief, self._from_chief)
             if self._multi_worker else warm_start_source(options.warm_start_from))
-        warm_start(self.learner, source, options.warm_start_optimizer,
-                   options.warm_start_from)
-        logging.info("warm start from %s: model weights%s; update 0", source,
-                     " and Adam's slots" if options.warm_start_optimizer else "")
+        self.warm_start_vocabulary = warm_start_lib.start(
+            self.learner, self.vocab, self.hparams, source, options.warm_start_vocab,
+            options.warm_start_optimizer, options.warm_start_from)
       return False
     if options.warm_start_from:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "

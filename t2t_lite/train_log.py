@@ -60,6 +60,11 @@ class TrainLog:
       logging.info("residual dropout: %g until update %d, rising linearly to %g at update %d",
                    hparams.dropout_ramp_initial, hparams.dropout_ramp_start,
                    hparams.layer_prepostprocess_dropout, hparams.dropout_ramp_end)
+    frozen = self.learner.model.frozen_variables()
+    if frozen:
+      logging.info("frozen (frozen_parts=%s): %d variables, %d parameters; they get no "
+                   "gradient, Adam slots, accumulator or moving average", hparams.frozen_parts,
+                   len(frozen), sum(v.shape.num_elements() for v in frozen))
     if self.learner.average is not None:
       logging.info("moving average of the weights: decay %g per %g target tokens (one more "
                    "copy of the parameters, %.1f MiB)", hparams.ema_decay,

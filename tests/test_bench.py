@@ -54,6 +54,15 @@ def test_ema_worker_alternates_and_the_table_judges_its_cost():
   assert "tokens/s on / off, median of 7 alternating blocks | 96 / 100 (0.960; target >= " \
          "0.97: OVER target)" in text
   assert "peak RSS at n=1/ema" not in text
+  frozen = bench.table({
+      "memory/transformer_base/n=1": {"peak_rss_mib": 1000.0, **state},
+      "memory/transformer_base/n=2": {"peak_rss_mib": 1100.0, "parameters_mib": 10.0,
+                                      "adam_slots_mib": 20.0, "accumulators_mib": 10.0},
+      "memory/transformer_base/n=2/frozen": {"peak_rss_mib": 1040.0, "parameters_mib": 10.0,
+                                             "adam_slots_mib": 8.0, "accumulators_mib": 4.0}})
+  assert ("transformer_base, n=2, frozen_parts=embeddings;encoder: peak RSS; Adam slots / "
+          "accumulators | 1040 MiB (-60 vs nothing frozen); 8.0 / 4.0 MiB (against 20.0 / "
+          "10.0) |") in frozen
 
 
 def test_flop_count_of_a_batch():

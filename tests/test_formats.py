@@ -211,5 +211,6 @@ def test_the_other_hparams_added_since_keep_a_recorded_runs_meaning_with_every_s
     hparams = registry.hparams(name)
     assert hparams.optimizer_multistep_accumulate_schedule == "", name
     assert hparams.dropout_ramp_initial == 0.0, name
+    assert hparams.ema_decay == 0.0 and hparams.frozen_parts == "", name
     if "linear_cooldown" not in hparams.learning_rate_schedule:
       assert hparams.learning_rate_cooldown == COOLDOWN, name

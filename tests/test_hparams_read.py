@@ -30,6 +30,7 @@ CHANGES = {
     "optimizer_multistep_accumulate_schedule": "1@0;2@5",
     # a ramp that ends at update 1 would give update 1 the constant rate
     "dropout_ramp_end": 4,
+    "frozen_parts": "encoder",
 }
 
 
@@ -177,7 +178,7 @@ def test_every_hparam_is_read_or_refused(train_file):
                            "layer_postprocess_sequence", "learning_rate_cooldown",
                            "dropout_ramp_start", "dropout_ramp_initial",
                            "ema_reference_tokens"}, refusals
-  assert read_by["ema_decay"] == "_optimizer"
+  assert read_by["ema_decay"] == read_by["frozen_parts"] == "_optimizer"
   assert read_by["dropout_ramp_end"] == "_optimizer"
   assert read_by["max_consecutive_nonfinite"] == "_guard"
   assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"

@@ -90,6 +90,13 @@ def test_the_k_best_survive_rotation_and_resume_with_their_figures(selected_run)
 
   both = {**first, **_evaluations(selected_run["second"].stderr)}
   assert sorted(both) == [1, 2, 3, 4, 5, 6]
+  from test_train import _scalars  # each figure is a TensorBoard scalar at its update
+  scalars = _scalars(os.path.join(output_dir, "eval"))
+  assert set(scalars) == {"dev_loss", "dev_chrf", "dev_ter"}
+  for name, points in scalars.items():
+    assert [u for u, _ in points] == [1, 2, 3, 4, 5, 6]
+    assert [v for _, v in points] == pytest.approx([both[u][name] for u in range(1, 7)],
+                                                   abs=1e-4)
   best = _best(output_dir)
   two_best = sorted(both, key=lambda u: (both[u]["dev_loss"], u))[:2]
   assert [e["update"] for e in best["kept"]] == two_best and best["evaluated_at"] == 6

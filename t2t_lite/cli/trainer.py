@@ -177,12 +177,31 @@ def _resolve():
     snapshot.check()
     rundir.check_data(previous, snapshot, FLAGS.output_dir)
     rundir.check_training_data(previous, snapshot, FLAGS.output_dir)
-    if FLAGS.warm_start_from:  # fine-tuning keeps the vocabulary, maybe not the problem
-      source = FLAGS.warm_start_from
-      rundir.check_data(rundir.read_meta(source if os.path.isdir(source)
-                                         else os.path.dirname(source) or "."),
-                        snapshot, f"--warm_start_from={source}", same_problem=False)
   return problem, hparams, rundir.RunStart(snapshot, previous), hparams_set, data_dir, seed
+
+
+def _source_vocabulary(source: str, snapshot) -> str:
+  """The model file of the vocabulary the --warm_start_from run was trained with, if it is
+  another than `snapshot`'s (its rows are then mapped by piece, t2t_lite.vocab_map); "" when
+  it is the same, or the source recorded none."""
+  from t2t_lite import registry, rundir
+  meta = rundir.read_meta(source if os.path.isdir(source) else os.path.dirname(source) or ".")
+  recorded = rundir.data_record_of(meta)
+  if not recorded or recorded.get("vocab_sha256") == snapshot.vocab_sha256():
+    return ""
+  where = f"{recorded.get('problem')} in {meta.get('data_dir')}"
+  try:
+    theirs = registry.problem(recorded["problem"]).snapshot(meta["data_dir"], vocab_only=True)
+    found = theirs.vocab_sha256()
+  except UsageError as err:
+    raise UsageError(f"--warm_start_from={source} was trained with another vocabulary; mapping "
+                     f"its rows onto this one needs that vocabulary ({where}), which is not "
+                     f"readable: {err}") from None
+  if found != recorded["vocab_sha256"]:
+    raise UsageError(f"--warm_start_from={source} was trained with the vocabulary of sha256 "
+                     f"{recorded['vocab_sha256'][:12]}; {where} now holds another "
+                     f"({found[:12]}), so its rows cannot be mapped; restore that data")
+  return theirs.vocab().model_file
 
 
 def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
@@ -213,7 +232,7 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
   tf.keras.utils.set_random_seed(seed)
   from t2t_lite import train
   os.makedirs(FLAGS.output_dir, exist_ok=True)
-  trainer = train.Trainer(hparams, problem, plan, _run_options(data_dir, seed, start.record),
+  trainer = train.Trainer(hparams, problem, plan, _run_options(data_dir, seed, start),
                           strategy, is_chief, task, start=start)
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:
@@ -231,16 +250,19 @@ def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[
   """What the run will do, printed before it trains (and alone with --dry_run)."""
   from t2t_lite import rundir
   params = rundir.parameter_count(hparams, vocab_size)
-  accumulators = params * 4 if plan.accumulation.needs_accumulators else 0
+  trained = rundir.parameter_count(hparams, vocab_size, trained_only=True)
+  accumulators = trained * 4 if plan.accumulation.needs_accumulators else 0
   summary = [f"hparams set: {hparams_set}"
              + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
              f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
-             f"parameters: {params:,} ({_format_bytes(params * 4)} float32)",
-             f"Adam slots: {_format_bytes(params * 8)}; accumulators: "
+             f"parameters: {params:,} ({_format_bytes(params * 4)} float32)"
+             + (f"; {trained:,} train (frozen_parts={hparams.frozen_parts})"
+                if trained != params else ""),
+             f"Adam slots: {_format_bytes(trained * 8)}; accumulators: "
              f"{_format_bytes(accumulators)}"
              + (" (none with accumulate steps 1)" if not accumulators else "")]
   if hparams.ema_decay > 0:
-    summary.append(f"moving average of the weights: {_format_bytes(params * 4)} (decay "
+    summary.append(f"moving average of the weights: {_format_bytes(trained * 4)} (decay "
                    f"{hparams.ema_decay:g} per {hparams.ema_reference_tokens:g} target tokens)")
   if FLAGS.xla_compile:
     summary.append("XLA: forward and backward pass compiled once per batch shape (training "
@@ -248,7 +270,7 @@ def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[
   return summary
 
 
-def _run_options(data_dir: str, seed: int, previous: dict | None):
+def _run_options(data_dir: str, seed: int, start):
   """The flags of the run, as the library's option groups."""
   from t2t_lite import train
   from t2t_lite.decide import Checkpointing, Stopping
@@ -260,12 +282,14 @@ def _run_options(data_dir: str, seed: int, previous: dict | None):
           keep_every_n_hours=FLAGS.keep_checkpoint_every_n_hours),
       evaluation=_evaluation(),
       stopping=Stopping(
-          train_minutes=_train_minutes(previous),
+          train_minutes=_train_minutes(start.record),
           early_stopping_steps=FLAGS.eval_early_stopping_steps,
           early_stopping_metric=FLAGS.eval_early_stopping_metric,
           early_stopping_delta=FLAGS.eval_early_stopping_metric_delta),
       log_every=FLAGS.log_every, warm_start_from=FLAGS.warm_start_from or "",
       warm_start_optimizer=FLAGS.warm_start_optimizer,
+      warm_start_vocab=(_source_vocabulary(FLAGS.warm_start_from, start.snapshot)
+                        if FLAGS.warm_start_from and start.snapshot else ""),
       allow_hparams_change=FLAGS.allow_hparams_change,
       allow_stream_change=FLAGS.allow_stream_change, xla_compile=FLAGS.xla_compile)
 
@@ -297,6 +321,9 @@ def _record(trainer, start, hparams_set: str, data_dir: str, vocab_size: int, se
   warm_started_from = trainer.warm_started_from or (previous or {}).get("warm_started_from")
   if warm_started_from:
     meta["warm_started_from"] = os.path.abspath(warm_started_from)
+  mapped = trainer.warm_start_vocabulary or (previous or {}).get("warm_start_vocabulary")
+  if mapped:
+    meta["warm_start_vocabulary"] = mapped
   rundir.write_meta(FLAGS.output_dir, meta)
 
 

@@ -14,7 +14,7 @@ import os
 
 import tensorflow as tf
 
-from t2t_lite.hparams_check import norm_placement
+from t2t_lite.hparams_check import frozen_parts, norm_placement
 from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
                                     SeedStream, dropout, keep_scale, residual_rate,
                                     timing_signal)
@@ -241,6 +241,40 @@ class Transformer(tf.Module):
     if self.pre_norm:
       self.encoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "encoder_norm")
       self.decoder_norm = LayerNorm(self.hidden, hparams.norm_epsilon, "decoder_norm")
+    # (a string: a dict attribute would become a checkpoint dependency of the module)
+    self.frozen_spec = hparams.frozen_parts
+
+  def frozen_variables(self) -> list:
+    """The variables `frozen_parts` names, in the order of trainable_variables."""
+    from types import SimpleNamespace
+    parts, modules = frozen_parts(SimpleNamespace(
+        frozen_parts=self.frozen_spec, num_encoder_layers=len(self.encoder),
+        num_decoder_layers=len(self.decoder))), []
+    if parts["embeddings"]:
+      modules.append(self.embedding)
+      if not self.shared:
+        modules += [self.target_embedding, self.softmax]
+    for stack in ("encoder", "decoder"):
+      modules += [block for i, block in enumerate(getattr(self, stack)) if i in parts[stack]]
+      if parts[f"{stack}_norm"] and self.pre_norm:
+        modules.append(getattr(self, f"{stack}_norm"))
+    frozen = set()
+    for module in modules:
+      variables = [module] if isinstance(module, tf.Variable) else module.trainable_variables
+      frozen |= {v.ref() for v in variables}
+    return [v for v in self.trainable_variables if v.ref() in frozen]
+
+  def vocab_variables(self) -> list[tuple[tf.Variable, int]]:
+    """The variables with a row (or column) per vocabulary piece, and that axis."""
+    if self.shared:
+      return [(self.embedding, 0)]
+    return [(self.embedding, 0), (self.target_embedding, 0), (self.softmax.kernel, 1)]
+
+  def trained_variables(self) -> list:
+    """The trainable variables that train: all but the frozen ones, in a fixed order (the
+    order of Adam's slots, the accumulators and the moving average)."""
+    frozen = {v.ref() for v in self.frozen_variables()}
+    return [v for v in self.trainable_variables if v.ref() not in frozen]
 
   # --- pieces ------------------------------------------------------------------------
   def _embed(self, ids, table, positions):

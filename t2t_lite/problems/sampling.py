@@ -46,6 +46,27 @@ class SegmentationSampler:
       out.append(ids)
     return out
 
+  def best(self, text: str) -> list[int] | None:
+    """The highest-scoring segmentation of `text` taken literally (a piece string, "▁"
+    included) into this model's pieces, by Viterbi over the lattice; None if some character
+    is in no piece."""
+    n = len(text)
+    score = [0.0] + [-math.inf] * n
+    back: list[tuple[int, int] | None] = [None] * (n + 1)
+    for end in range(1, n + 1):
+      for start in range(max(0, end - self._longest), end):
+        hit = self._pieces.get(text[start:end])
+        if hit is not None and score[start] + hit[1] > score[end]:
+          score[end], back[end] = score[start] + hit[1], (start, hit[0])
+    if back[n] is None and n:
+      return None
+    ids, end = [], n
+    while end > 0:
+      start, index = back[end]
+      ids.append(index)
+      end = start
+    return ids[::-1]
+
   def _sample_word(self, word: list[str], alpha: float, rng: random.Random) -> list[int]:
     text = "".join(word)
     lattice = self._words.get((text, alpha))

@@ -1,0 +1,201 @@
+"""Adapting a model: a warm start onto another vocabulary (rows mapped by piece), frozen
+parts (no gradient, no Adam slots, no accumulator), and both together."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TINY_FLAGS, cli, tiny_hparams, vocab_path
+from t2t_lite import registry, vocab_map
+from t2t_lite.decide import Checkpointing, Evaluation
+from t2t_lite.equivalence import concat, ragged_batches, tensors_relative_difference
+from t2t_lite.errors import UsageError
+from t2t_lite.learner import Learner
+from t2t_lite.problems.vocab import SubwordVocab
+from t2t_lite.steps import plan
+from t2t_lite.train import RunOptions, Trainer
+
+VOCAB = 60
+
+
+def _trainer(output_dir, data_dir, hparams, **options):
+  run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
+                   evaluation=Evaluation(frequency=0), log_every=1,
+                   checkpointing=Checkpointing(save_steps=1000), **options)
+  return Trainer(hparams, registry.problem("translate_ende_multi30k"), plan(hparams, 1, 1), run)
+
+
+def _source(tiny_run):
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(tiny_run["output_dir"]))
+  get = lambda name: reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")  # noqa: E731
+  return get
+
+
+# --- the mapping ---------------------------------------------------------------------------
+def test_pieces_are_carried_by_string_composed_from_their_split_or_new(tiny_run,
+                                                                     sampled_data):
+  old = SubwordVocab(vocab_path(tiny_run["data_dir"]))   # 8,000 pieces
+  new = SubwordVocab(vocab_path(sampled_data))            # 2,000, made on 3,000 pairs
+  mapping = vocab_map.plan(old, new)
+  counts = mapping.counts()
+  assert sum(counts.values()) == new.size == 2000
+  assert counts["carried"] > 1000 and counts["composed"] > 10, counts
+  sp_old, sp_new = old._sp, new._sp
+  for new_id in range(new.size):
+    kind, ids = mapping.kinds[new_id], mapping.sources[new_id]
+    piece = sp_new.id_to_piece(new_id)
+    if new_id < 3:  # padding, end of sentence, unknown: by id
+      assert (kind, ids) == ("carried", [new_id])
+    elif kind == "carried":
+      assert sp_old.id_to_piece(ids[0]) == piece
+    elif kind == "composed":
+      assert piece not in {sp_old.id_to_piece(i) for i in range(old.size)}
+      assert "".join(sp_old.id_to_piece(i) for i in ids) == piece and len(ids) > 1
+    else:
+      assert ids == []
+  # the rows: carried copied, composed the mean of their parts, new kept fresh
+  rng = np.random.RandomState(0)
+  source, fresh = rng.normal(size=(old.size, 4)), rng.normal(size=(new.size, 4))
+  rows = mapping.map_rows(source, fresh)
+  columns = mapping.map_rows(source.T, fresh.T, axis=1)
+  np.testing.assert_array_equal(rows, columns.T)
+  moments = mapping.map_moments(source)
+  for new_id in range(new.size):
+    kind, ids = mapping.kinds[new_id], mapping.sources[new_id]
+    expected = {"carried": source[ids[0]] if ids else None, "new": fresh[new_id],
+                "composed": source[ids].mean(0) if ids else None}[kind]
+    np.testing.assert_allclose(rows[new_id], expected, rtol=1e-12)
+    np.testing.assert_array_equal(moments[new_id],
+                                  source[ids[0]] if kind == "carried" else np.zeros(4))
+
+
+def test_a_warm_start_onto_another_vocabulary_maps_rows_and_moments(tiny_run, sampled_data,
+                                                                   tmp_path):
+  """tiny_run (8,000 pieces) onto data of 2,000: the embedding's rows by piece, Adam's
+  moments for the carried rows (0 for the others), the rest of the model as it was."""
+  hparams = tiny_hparams(optimizer_multistep_accumulate_steps=2)
+  trainer = _trainer(tmp_path / "tuned", sampled_data, hparams,
+                     warm_start_from=tiny_run["output_dir"], warm_start_optimizer=True,
+                     warm_start_vocab=vocab_path(tiny_run["data_dir"]))
+  assert trainer.restore() is False
+  mapping = vocab_map.plan(SubwordVocab(vocab_path(tiny_run["data_dir"])), trainer.vocab)
+  assert trainer.warm_start_vocabulary == {"source_vocab_sha256": json.load(open(os.path.join(
+      tiny_run["output_dir"], "hparams.json")))["data"]["vocab_sha256"], **mapping.counts()}
+  get = _source(tiny_run)
+  model, learner = trainer.learner.model, trainer.learner
+  embedding = model.embedding.numpy()
+  source = get("model/embedding")
+  carried = [i for i, k in enumerate(mapping.kinds) if k == "carried"]
+  composed = [i for i, k in enumerate(mapping.kinds) if k == "composed"]
+  for i in carried[:50] + carried[-50:]:
+    np.testing.assert_array_equal(embedding[i], source[mapping.sources[i][0]])
+  for i in composed[:20]:
+    np.testing.assert_allclose(embedding[i], source[mapping.sources[i]].mean(0), rtol=1e-6)
+  # every other variable as the source had it
+  src = registry.model("transformer")(hparams, 8000)
+  tf.train.Checkpoint(model=src).read(tf.train.latest_checkpoint(tiny_run["output_dir"])) \
+      .expect_partial()
+  for ours, theirs in zip(model.trainable_variables, src.trainable_variables):
+    if ours is not model.embedding:
+      np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+  index = [v.ref() for v in learner.variables].index(model.embedding.ref())
+  m = learner.adam.m[index].numpy()
+  source_m = get(f"optimizer/m/{index}")
+  assert np.abs(source_m).max() > 0
+  np.testing.assert_array_equal(m[carried[5]], source_m[mapping.sources[carried[5]][0]])
+  assert not m[composed].any()
+
+
+def test_the_cli_records_and_logs_what_the_mapping_did(tiny_run, sampled_data, tmp_path):
+  output_dir = tmp_path / "tuned"
+  result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={sampled_data}",
+               f"--output_dir={output_dir}", "--train_steps=1",
+               f"--warm_start_from={tiny_run['output_dir']}", check=True)
+  with open(output_dir / "hparams.json") as f:
+    record = json.load(f)["warm_start_vocabulary"]
+  assert record["carried"] + record["composed"] + record["new"] == 2000
+  assert (f"warm start onto another vocabulary: of 2,000 pieces, {record['carried']:,} carried "
+          "from the source's 8,000 by piece") in result.stderr
+  assert "composed from the source's pieces of their text" in result.stderr
+
+
+# --- frozen parts --------------------------------------------------------------------------
+def _learner(frozen, accumulate_steps=1, **overrides):
+  values = dict(layer_prepostprocess_dropout=0.0, attention_dropout=0.0, relu_dropout=0.0,
+                learning_rate_schedule="constant", learning_rate_constant=1e-3,
+                frozen_parts=frozen)
+  hparams = tiny_hparams(**{**values, **overrides})
+  return Learner(hparams, VOCAB, accumulate_steps, seed=3)
+
+
+def test_frozen_parts_keep_their_weights_and_have_no_slots_or_accumulators():
+  free, frozen = _learner("", 2), _learner("encoder;embeddings", 2)
+  parts = frozen.model.frozen_variables()
+  assert {v.ref() for v in parts} == {v.ref() for v in [
+      frozen.model.embedding, *frozen.model.encoder_norm.trainable_variables,
+      *(v for block in frozen.model.encoder for v in block.trainable_variables)]}
+  before = [v.numpy().copy() for v in parts]
+  trained = frozen.model.trained_variables()
+  trained_before = [v.numpy().copy() for v in trained]
+  for batch in ragged_batches(4):
+    free.step(batch)
+    frozen.step(batch)
+  assert int(frozen.update_step.numpy()) == 2
+  assert all(np.array_equal(v.numpy(), b) for v, b in zip(parts, before))  # bit for bit
+  assert len(frozen.adam.m) == len(frozen.accumulator.gradients) == len(trained)
+  frozen_bytes = sum(v.shape.num_elements() * 4 for v in parts)
+  assert frozen.state_bytes()["adam_slots"] == free.state_bytes()["adam_slots"] - 2 * frozen_bytes
+  assert frozen.state_bytes()["accumulators"] == (free.state_bytes()["accumulators"]
+                                                  - frozen_bytes)
+  # and the rest trained
+  assert all(not np.array_equal(v.numpy(), b) for v, b in zip(trained, trained_before))
+
+
+def test_accumulation_stays_exact_with_frozen_parts():
+  hparams_frozen = "embeddings;decoder.0"
+  accumulated = _learner(hparams_frozen, 4, learning_rate_constant=1e-4)
+  big = _learner(hparams_frozen, 1, learning_rate_constant=1e-4)
+  micro = ragged_batches(8)
+  for batch in micro:
+    accumulated.step(batch)
+  for update in range(2):
+    big.step(concat(micro[4 * update:4 * update + 4]))
+  assert tensors_relative_difference(accumulated.variables, big.variables) < 1e-5
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("encoders", "frozen_parts: unknown part 'encoders'; known: embeddings, encoder, decoder"),
+    ("encoder.1", "frozen_parts: 'encoder.1' names layers outside the 1 of the encoder (0-0)"),
+    ("decoder.x", "frozen_parts: 'decoder.x' is not decoder.I or decoder.I-J"),
+    ("embeddings;encoder;decoder", "freezes the whole model; nothing would train"),
+])
+def test_frozen_parts_that_do_not_exist_are_refused(spec, message):
+  from t2t_lite import hparams_check
+  with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")
+                     .replace(".", r"\.")):
+    hparams_check.check(tiny_hparams(frozen_parts=spec))
+
+
+def test_slots_follow_their_variables_from_a_source_that_froze_nothing(tiny_run, tmp_path):
+  """tiny_run froze nothing; a run that freezes the encoder starts with the source's Adam
+  moments of the variables it trains, each its own (not by position in the shorter list)."""
+  hparams = tiny_hparams(optimizer_multistep_accumulate_steps=2, frozen_parts="encoder")
+  trainer = _trainer(tmp_path / "frozen", tiny_run["data_dir"], hparams,
+                     warm_start_from=tiny_run["output_dir"], warm_start_optimizer=True)
+  assert trainer.restore() is False
+  learner, get = trainer.learner, _source(tiny_run)
+  everything = learner.model.trainable_variables
+  for ours, m in zip(learner.variables, learner.adam.m):
+    position = [v.ref() for v in everything].index(ours.ref())
+    np.testing.assert_array_equal(m.numpy(), get(f"optimizer/m/{position}"))
+  assert len(learner.adam.m) < len(everything)
+
+
+def test_the_dry_run_counts_what_trains():
+  out = cli("t2t-lite-trainer", "--hparams_set=transformer_base", "--train_steps=7",
+            "--hparams=frozen_parts=encoder,optimizer_multistep_accumulate_steps=2",
+            "--dry_run", check=True).stdout
+  assert "parameters: 48,199,680 (183.9 MiB float32); 29,296,640 train" in out, out
