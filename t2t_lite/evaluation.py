@@ -43,18 +43,19 @@ class Evaluator:
     self.dev_files, self.output_dir = dev_files, output_dir
     self.options, self.stopping = evaluation, stopping
     self.target_lang = target_lang
-    self.metrics = evaluation.metrics
+    # (without decoded sentences the decoded metrics are not measured; the CLI refuses them)
+    self.metrics = tuple(m for m in evaluation.metrics
+                         if evaluation.bleu_sentences or m not in DECODED)
     self.metric = judged_by(stopping.early_stopping_metric, self.metrics,
                             stopping.early_stopping_steps > 0)
     self.decoded = [name[len("dev_"):] for name in self.metrics if name in DECODED]
-    if self.decoded:
-      from t2t_lite import metrics
-      try:  # checked before training, not at the first evaluation
-        for name in self.decoded:
-          metrics.scorer(name, target_lang)
+    from t2t_lite import metrics
+    for name in self.decoded:  # checked before training, not at the first evaluation
+      try:
+        metrics.scorer(name, target_lang)
       except UsageError as err:
-        raise UsageError(f"dev {', '.join(self.decoded)} during training: {err}; or evaluate "
-                         "without them (--eval_metrics=dev_loss)") from None
+        raise UsageError(f"dev_{name} during training: {err}; or evaluate without it "
+                         f"(--eval_metrics without dev_{name})") from None
     self.weights = _evaluated_weights(learner, evaluation.weights)
     self.best = BestCheckpoints(os.path.join(output_dir, "best"), self.metric,
                                 LOWER_IS_BETTER[self.metric], evaluation.keep_best,
@@ -181,7 +182,7 @@ class ChiefEvaluations:
 
 def _evaluated_weights(learner, choice: str) -> str:
   """ema or raw: which weights the evaluations read (--eval_weights)."""
-  if choice == ema_lib.RAW or learner.average is None:
+  if choice == ema_lib.RAW or getattr(learner, "average", None) is None:
     if choice == ema_lib.EMA:
       raise UsageError("--eval_weights=ema: this run keeps no moving average of the weights; "
                        "set --hparams=ema_decay=... or use --eval_weights=raw")

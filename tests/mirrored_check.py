@@ -20,5 +20,5 @@ hparams = tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,
                        learning_rate_constant=1e-4)
 figures = mirrored_against_single(hparams, vocab=VOCAB)
 hparams.ema_decay, hparams.ema_reference_tokens = 0.9, 1000
-figures["average"] = average_on_three_layouts(hparams, vocab=VOCAB)
+figures["average"] = average_on_three_layouts(hparams, updates=2, vocab=VOCAB)
 print(json.dumps(figures))

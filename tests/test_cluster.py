@@ -52,7 +52,7 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
       "--eval_early_stopping_metric_delta=100", f"--warm_start_from={source}")))
   chief, other = workers
   evaluations = [line for line in chief.lines if "eval at update" in line]
-  assert [line.split("eval at update ")[1].split(":")[0] for line in evaluations] == ["5", "10"]
+  assert [line.split("eval at update ")[1].split(" ")[0] for line in evaluations] == ["5", "10"]
   assert all("dev_loss" in line and "dev_perplexity" in line and "dev_bleu" in line
              for line in evaluations)
   assert not any("eval at update" in line for line in other.lines)  # the chief evaluates

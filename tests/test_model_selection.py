@@ -52,70 +52,96 @@ def _best(output_dir):
 
 @pytest.fixture(scope="module")
 def selected_run(multi30k_data, tmp_path_factory):
-  """4 updates with a moving average, evaluated at each (dev loss, chrF and TER on 6
-  decoded sentences), the 2 best by dev loss kept while rotation keeps 1 checkpoint; then
-  resumed to 6 updates. A checkpoint that a kill left in best/ unlisted is there before."""
-  output_dir = str(tmp_path_factory.mktemp("selected") / "run")
-  flags = _flags(multi30k_data, output_dir, "--local_eval_frequency=1", "--eval_steps=2",
-                 "--eval_bleu_sentences=6", "--eval_metrics=dev_loss,dev_chrf,dev_ter",
-                 "--eval_early_stopping_metric=dev_loss", "--keep_best_checkpoints=2",
-                 "--keep_checkpoint_max=1", "--save_checkpoints_steps=1")
-  first = cli("t2t-lite-trainer", *flags, "--train_steps=4", check=True)
-  state = {"first": first, "best_after_first": _best(output_dir),
-           "files_after_first": sorted(os.listdir(os.path.join(output_dir, "best"))),
-           "run_files_after_first": sorted(os.listdir(output_dir))}
-  stray = os.path.join(output_dir, "best", "ckpt-77.index")
-  open(stray, "w").close()
-  state["second"] = cli("t2t-lite-trainer", *flags, "--train_steps=6", check=True)
-  return dict(state, output_dir=output_dir, data_dir=multi30k_data)
+  """Up to 6 updates with a moving average, evaluated at each (dev loss, chrF and TER on 6
+  decoded sentences), the 2 best by dev loss kept while rotation keeps 1 checkpoint, early
+  stopping after 4 updates without an improvement by 100 (so at update 5): once unbroken,
+  and once SIGKILLed as its evaluation of update 3 begins (update 3 saved, not evaluated),
+  then resumed with a stray checkpoint, as a kill leaves one, in best/."""
+  root = tmp_path_factory.mktemp("selected")
+  flags = lambda output_dir: _flags(  # noqa: E731
+      multi30k_data, output_dir, "--local_eval_frequency=1", "--eval_steps=2",
+      "--eval_bleu_sentences=6", "--eval_metrics=dev_loss,dev_chrf,dev_ter",
+      "--eval_early_stopping_metric=dev_loss", "--keep_best_checkpoints=2",
+      "--keep_checkpoint_max=1", "--save_checkpoints_steps=1", "--train_steps=6",
+      "--eval_early_stopping_steps=4", "--eval_early_stopping_metric_delta=100")
+  straight, broken = str(root / "straight"), str(root / "broken")
+  unbroken = cli("t2t-lite-trainer", *flags(straight), check=True)
+  killed = subprocess.run([os.path.join(BIN, "t2t-lite-trainer"), *flags(broken)],
+                          env=dict(os.environ, T2T_LITE_FAULT="evaluate:3"),
+                          capture_output=True, text=True, timeout=300)
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  state = {"best_when_killed": _best(broken)}
+  open(os.path.join(broken, "best", "ckpt-77.index"), "w").close()
+  resumed = cli("t2t-lite-trainer", *flags(broken), check=True)
+  return dict(state, unbroken=unbroken, killed=killed, resumed=resumed, output_dir=broken,
+              straight=straight, data_dir=multi30k_data)
 
 
-def test_the_k_best_survive_rotation_and_resume_with_their_figures(selected_run):
-  output_dir = selected_run["output_dir"]
-  first = _evaluations(selected_run["first"].stderr)
-  assert sorted(first) == [1, 2, 3, 4] and set(first[1]) == {"dev_loss", "dev_chrf", "dev_ter"}
-  best = selected_run["best_after_first"]
-  two_best = sorted(first, key=lambda u: first[u]["dev_loss"])[:2]
+def _kept_files(updates):
+  return sorted([f"ckpt-{u}.{ext}" for u in updates for ext in ("index", "data-00000-of-00001")]
+                + ["best.json", "checkpoint"])
+
+
+def test_the_k_best_survive_rotation_with_their_figures(selected_run):
+  straight = selected_run["straight"]
+  figures = _evaluations(selected_run["unbroken"].stderr)
+  assert sorted(figures) == [1, 2, 3, 4, 5] and set(figures[1]) == {"dev_loss", "dev_chrf",
+                                                                    "dev_ter"}
+  assert "early stopping: dev_loss has not improved by more than 100 for 4 updates" in \
+      selected_run["unbroken"].stdout
+  best = _best(straight)
+  two_best = sorted(figures, key=lambda u: (figures[u]["dev_loss"], u))[:2]
   assert [e["update"] for e in best["kept"]] == two_best
   assert (best["metric"], best["lower_is_better"], best["weights"], best["keep"],
-          best["evaluated_at"]) == ("dev_loss", True, "ema", 2, 4)
+          best["evaluated_at"], best["improved_at"]) == ("dev_loss", True, "ema", 2, 5, 1)
+  assert (best["update"], best["value"]) == (two_best[0], pytest.approx(
+      figures[two_best[0]]["dev_loss"], abs=1e-4))
   for entry in best["kept"]:
-    assert entry["figures"] == pytest.approx(first[entry["update"]], abs=1e-4)
-  assert selected_run["files_after_first"] == sorted(
-      [f"ckpt-{u}.{ext}" for u in two_best for ext in ("index", "data-00000-of-00001")]
-      + ["best.json", "checkpoint"])
-  # rotation kept one checkpoint of the run itself, and none of best/
-  assert [n for n in selected_run["run_files_after_first"] if n.endswith(".index")] == \
-      ["ckpt-8.index"]
-
-  both = {**first, **_evaluations(selected_run["second"].stderr)}
-  assert sorted(both) == [1, 2, 3, 4, 5, 6]
+    assert entry["figures"] == pytest.approx(figures[entry["update"]], abs=1e-4)
+  assert sorted(os.listdir(os.path.join(straight, "best"))) == _kept_files(two_best)
+  # rotation kept one checkpoint of the run itself (update 5 = micro-step 10), none of best/
+  assert [n for n in os.listdir(straight) if n.endswith(".index")] == ["ckpt-10.index"]
+  # a reader of the newest checkpoint of best/ reads the best
+  assert tf.train.latest_checkpoint(os.path.join(straight, "best")).endswith(
+      f"ckpt-{two_best[0]}")
   from test_train import _scalars  # each figure is a TensorBoard scalar at its update
-  scalars = _scalars(os.path.join(output_dir, "eval"))
+  scalars = _scalars(os.path.join(straight, "eval"))
   assert set(scalars) == {"dev_loss", "dev_chrf", "dev_ter"}
   for name, points in scalars.items():
-    assert [u for u, _ in points] == [1, 2, 3, 4, 5, 6]
-    assert [v for _, v in points] == pytest.approx([both[u][name] for u in range(1, 7)],
+    assert [u for u, _ in points] == [1, 2, 3, 4, 5]
+    assert [v for _, v in points] == pytest.approx([figures[u][name] for u in range(1, 6)],
                                                    abs=1e-4)
-  best = _best(output_dir)
-  two_best = sorted(both, key=lambda u: (both[u]["dev_loss"], u))[:2]
-  assert [e["update"] for e in best["kept"]] == two_best and best["evaluated_at"] == 6
-  assert (best["update"], best["value"]) == (two_best[0],
-                                             pytest.approx(both[two_best[0]]["dev_loss"],
-                                                           abs=1e-4))
-  assert sorted(os.listdir(os.path.join(output_dir, "best"))) == sorted(
-      [f"ckpt-{u}.{ext}" for u in two_best for ext in ("index", "data-00000-of-00001")]
-      + ["best.json", "checkpoint"])  # the stray ckpt-77 and the evicted ones are gone
-  # a reader of the newest checkpoint of best/ reads the best
-  assert tf.train.latest_checkpoint(os.path.join(output_dir, "best")).endswith(
-      f"ckpt-{two_best[0]}")
   # What was kept is the weights evaluated: the moving average of that update's checkpoint.
-  # Dev loss still falls at every update here, so update 6 is the best, and the run's
+  # Dev loss still falls at every update here, so update 5 is the best, and the run's
   # checkpoint of it is still there to compare.
-  assert two_best[0] == 6, both
-  kept = tf.train.load_checkpoint(os.path.join(output_dir, "best", "ckpt-6"))
-  run = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
+  assert two_best[0] == 5, figures
+  kept = tf.train.load_checkpoint(os.path.join(straight, "best", "ckpt-5"))
+  run = tf.train.load_checkpoint(tf.train.latest_checkpoint(straight))
   np.testing.assert_array_equal(kept.get_tensor(EMBEDDING), _average_of_embedding(run))
+
+
+def test_early_stopping_and_the_best_resume_exactly_after_a_kill_before_an_evaluation(
+    selected_run):
+  """Killed as the evaluation of update 3 began, the run evaluates update 3 when it resumes,
+  and ends as the unbroken run: stopped early at update 5, with the same figures at every
+  update, the same record of the best and early stopping's state, the same kept updates;
+  the stray checkpoint in best/ is gone."""
+  broken = selected_run["output_dir"]
+  assert selected_run["best_when_killed"]["evaluated_at"] == 2
+  resumed = selected_run["resumed"]
+  assert "update 3 was saved but not evaluated before the run stopped: evaluating it now" in \
+      resumed.stderr
+  assert "early stopping: dev_loss has not improved by more than 100 for 4 updates" in \
+      resumed.stdout
+  expected = _evaluations(selected_run["unbroken"].stderr)
+  assert {**_evaluations(selected_run["killed"].stderr),
+          **_evaluations(resumed.stderr)} == expected
+  ours, theirs = _best(broken), _best(selected_run["straight"])
+  for key in ("value", "update", "improved_at", "evaluated_at"):
+    assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key
+  assert [e["update"] for e in ours["kept"]] == [e["update"] for e in theirs["kept"]]
+  assert sorted(os.listdir(os.path.join(broken, "best"))) == _kept_files(
+      [e["update"] for e in ours["kept"]])
 
 
 def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
@@ -163,10 +189,8 @@ def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
   np.testing.assert_array_equal(learner.model.embedding.numpy(), _average_of_embedding(run))
   source = tmp_path / "src.en"
   source.write_text("A man rides a bike.\nTwo dogs.\n")
-  decoded = cli("t2t-lite-decoder", f"--output_dir={output_dir}", f"--decode_from_file={source}",
-                f"--decode_to_file={tmp_path / 'out'}", "--decode_hparams=beam_size=1",
-                check=True)
-  assert "weights: the moving average of the weights (ema)" in decoded.stderr
+  assert inference.describe_weights(tf.train.latest_checkpoint(output_dir), "ema") == \
+      "the moving average of the weights (ema)"
   averaged = cli("t2t-lite-decoder", f"--output_dir={tmp_path / 'best_avg'}",
                  f"--decode_from_file={source}", f"--decode_to_file={tmp_path / 'out2'}",
                  "--decode_hparams=beam_size=1", "--weights=ema", check=True)
@@ -191,38 +215,6 @@ def test_a_run_without_an_average_refuses_to_read_one(tiny_run, tmp_path):
                      "of the weights"):
     _evaluated_weights(Plain(), "ema")
   assert _evaluated_weights(Plain(), "auto") == "raw"
-
-
-def test_early_stopping_state_resumes_exactly_after_a_kill_before_an_evaluation(
-    multi30k_data, tmp_path):
-  """Dev loss never improves by 100: early stopping after 3 updates without an improvement
-  stops an unbroken run at update 4. A run SIGKILLed as its evaluation of update 2 begins
-  (update 2 saved, not evaluated) evaluates update 2 when it resumes, stops at update 4 too,
-  with the same record of the best (value, update, improved_at) and the same figures."""
-  common = ["--local_eval_frequency=1", "--eval_steps=2", "--eval_bleu_sentences=0",
-            "--save_checkpoints_steps=1", "--eval_early_stopping_steps=3",
-            "--eval_early_stopping_metric_delta=100", "--train_steps=10"]
-  straight = str(tmp_path / "straight")
-  unbroken = cli("t2t-lite-trainer", *_flags(multi30k_data, straight, *common), check=True)
-  assert "trained 4 updates" in unbroken.stdout, unbroken.stdout
-  broken = str(tmp_path / "broken")
-  env = dict(os.environ, T2T_LITE_FAULT="evaluate:2")
-  killed = subprocess.run([os.path.join(BIN, "t2t-lite-trainer"),
-                           *_flags(multi30k_data, broken, *common)], env=env,
-                          capture_output=True, text=True, timeout=300)
-  assert killed.returncode == -9, killed.stderr[-3000:]
-  assert _best(broken)["evaluated_at"] == 1
-  resumed = cli("t2t-lite-trainer", *_flags(multi30k_data, broken, *common), check=True)
-  assert "update 2 was saved but not evaluated before the run stopped: evaluating it now" in \
-      resumed.stderr
-  assert "trained 4 updates" in resumed.stdout, resumed.stdout
-  assert "early stopping: dev_loss has not improved by more than 100 for 3 updates" in \
-      resumed.stdout
-  expected, got = _best(straight), _best(broken)
-  for key in ("value", "update", "improved_at", "evaluated_at"):
-    assert got[key] == pytest.approx(expected[key], abs=1e-6), key
-  assert _evaluations(unbroken.stderr) == {**_evaluations(killed.stderr),
-                                           **_evaluations(resumed.stderr)}
 
 
 def test_chrf_chrfpp_and_ter_equal_sacrebleus_own_on_the_same_files(tmp_path):
@@ -253,18 +245,16 @@ def test_chrf_chrfpp_and_ter_equal_sacrebleus_own_on_the_same_files(tmp_path):
 
 def test_a_copied_run_averages_its_own_best_and_a_missing_one_is_named(selected_run,
                                                                        tmp_path):
+  from t2t_lite.cli import avg_checkpoints
+  from t2t_lite.errors import UsageError
   copy = str(tmp_path / "copy")
   shutil.copytree(selected_run["output_dir"], copy)
-  cli("t2t-lite-avg-checkpoints", f"--output_dir={copy}", "--best",
-      f"--avg_dir={tmp_path / 'avg'}", check=True)
-  with open(tmp_path / "avg" / "averaged.json") as f:
-    assert all(path.startswith(copy + "/best/") for path in json.load(f)["checkpoints"])
+  _, paths = avg_checkpoints.average(copy, 5, str(tmp_path / "avg"), best_of=0)
+  assert len(paths) == 2 and all(p.startswith(copy + "/best/") for p in paths)
   kept = _best(copy)["kept"]
   for name in os.listdir(os.path.join(copy, "best")):
     if name.startswith(kept[1]["checkpoint"] + "."):
       os.remove(os.path.join(copy, "best", name))
-  result = cli("t2t-lite-avg-checkpoints", f"--output_dir={copy}", "--best",
-               f"--avg_dir={tmp_path / 'avg2'}")
-  assert result.returncode == 2
-  assert f"best.json lists {kept[1]['checkpoint']}, which is not there" in \
-      result.stderr.strip().splitlines()[-1]
+  with pytest.raises(UsageError, match=f"best.json lists {kept[1]['checkpoint']}, which is not "
+                     "there"):
+    avg_checkpoints.average(copy, 5, str(tmp_path / "avg2"), best_of=0)

@@ -230,8 +230,8 @@ def test_a_missing_bleu_tokenizer_is_refused_before_training(monkeypatch, tmp_pa
   from t2t_lite.errors import UsageError
   from t2t_lite.evaluation import Evaluator
   monkeypatch.setitem(sys.modules, "MeCab", None)  # as if not installed
-  with pytest.raises(UsageError, match=r"dev BLEU during training: BLEU for Japanese targets "
-                     r"needs .*; or evaluate without BLEU \(--eval_bleu_sentences=0\)"):
+  with pytest.raises(UsageError, match=r"dev_bleu during training: BLEU for Japanese targets "
+                     r"needs .*; or evaluate without it \(--eval_metrics without dev_bleu\)"):
     Evaluator(None, tiny_hparams(), None, [], str(tmp_path), Evaluation(bleu_sentences=8),
               Stopping(), target_lang="ja")
   assert not os.listdir(tmp_path)
