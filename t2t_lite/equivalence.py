@@ -84,10 +84,11 @@ def mirrored_against_single(hparams, accumulate_steps: int = 2, updates: int = 3
 
 
 def average_on_three_layouts(hparams, updates: int = 3, vocab: int = 60) -> dict:
-  """The moving average of the weights (hparams with ema_decay > 0) of one stream of ragged
-  micro-batches on 2 mirrored replicas x n=2, 1 replica x n=4 and 1 replica x n=1 on the
-  batch of the same 4: the averages' relative differences to the last (and the weights'),
-  and how far the average is from the weights. Needs two logical CPU devices."""
+  """The weights and their moving average (hparams with ema_decay > 0) after one stream of
+  ragged micro-batches on 2 mirrored replicas x n=2, 1 replica x n=4 and 1 replica x n=1 on
+  the batch of the same 4: their relative differences to the last, how far the average is
+  from the weights, and the devices of the mirrored update's fused Adam kernels. Needs two
+  logical CPU devices."""
   from t2t_lite.learner import Learner
   micro = ragged_batches(4 * updates, vocab, seed=9)
   devices = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -106,6 +107,8 @@ def average_on_three_layouts(hparams, updates: int = 3, vocab: int = 60) -> dict
     one.step(concat(group))
   averages = lambda learner: learner.average.averages  # noqa: E731
   return {"updates": [int(x.update_step.numpy()) for x in (two, four, one)],
+          "replicas": two.replicas, "variables": len(two.variables),
+          "apply_ops": apply_ops_by_device(two.update_fn.get_concrete_function()),
           "average_two_n2": tensors_relative_difference(averages(two), averages(one)),
           "average_four": tensors_relative_difference(averages(four), averages(one)),
           "weights_two_n2": relative_difference(two, one),
