@@ -458,8 +458,9 @@ def profile_sync_mirrored_rows(results: dict) -> list[str]:
   return rows
 
 
-def table(results: dict) -> str:
-  rows = ["| measurement | figure |", "|---|---|"]
+def memory_rows(results: dict) -> list[str]:
+  """Memory by accumulate steps, with the moving average and with frozen parts."""
+  rows = []
   for label in ("transformer_multi30k_cpu", "transformer_base"):
     one = results.get(f"memory/{label}/n=1", {})
     if "peak_rss_mib" not in one:
@@ -493,6 +494,11 @@ def table(results: dict) -> str:
         verdict = "within target" if delta <= budget else "OVER target"
         rows.append(f"| {label}: peak RSS at n={n} | {result['peak_rss_mib']:.0f} MiB "
                     f"({delta:+.0f} vs n=1; target <= +{budget:.0f}: {verdict}) |")
+  return rows
+
+
+def table(results: dict) -> str:
+  rows = ["| measurement | figure |", "|---|---|", *memory_rows(results)]
   s1, s8 = results.get("speed/n=1", {}), results.get("speed/n=8", {})
   if "tokens_per_second" in s1 and "tokens_per_second" in s8:
     rows.append(f"| tokens/s n=1 / n=8 (same batch) | {s1['tokens_per_second']:.0f} / "

@@ -55,12 +55,10 @@ def basic_params() -> HParams:
       dropout_ramp_initial=0.0,
       clip_grad_norm=0.0,
       max_consecutive_nonfinite=5,
-      # Ours: parts that do not train (no gradient, no Adam slots, no accumulator), e.g.
-      # "encoder", "embeddings;decoder.0-1" (see hparams_check.frozen_parts).
+      # Ours: parts that do not train, e.g. "embeddings;decoder.0-1" (hparams_check).
       frozen_parts="",
       # Ours: a moving average of the weights (t2t_lite.ema), decaying by ema_decay per
-      # ema_reference_tokens target tokens (0: off). 25,000: about the target tokens of one
-      # update of the Transformer paper's batch.
+      # ema_reference_tokens target tokens (0: off; 25,000: ~one update of the paper's batch).
       ema_decay=0.0,
       ema_reference_tokens=EMA_REFERENCE_TOKENS,
       # Input, ours: on data made with subword sampling (t2t-lite-datagen

@@ -192,10 +192,3 @@ def test_slots_follow_their_variables_from_a_source_that_froze_nothing(tiny_run,
     position = [v.ref() for v in everything].index(ours.ref())
     np.testing.assert_array_equal(m.numpy(), get(f"optimizer/m/{position}"))
   assert len(learner.adam.m) < len(everything)
-
-
-def test_the_dry_run_counts_what_trains():
-  out = cli("t2t-lite-trainer", "--hparams_set=transformer_base", "--train_steps=7",
-            "--hparams=frozen_parts=encoder,optimizer_multistep_accumulate_steps=2",
-            "--dry_run", check=True).stdout
-  assert "parameters: 48,199,680 (183.9 MiB float32); 29,296,640 train" in out, out

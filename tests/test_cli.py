@@ -24,11 +24,13 @@ def test_dry_run_prints_the_step_arithmetic():
 
 def test_dry_run_of_single_step_set_has_no_accumulators_and_states_the_moving_average():
   out = cli("t2t-lite-trainer", "--hparams_set=transformer_base", "--train_steps=7",
-            "--hparams=ema_decay=0.99", "--dry_run", check=True).stdout
+            "--hparams=ema_decay=0.99,frozen_parts=encoder", "--dry_run", check=True).stdout
   assert "tokens per update: 4096 (= 4096 x 1 x 1)" in out
   assert "micro-steps: 7 (= 7 x 1)" in out
   assert "accumulators: 0.0 MiB (none with accumulate steps 1)" in out
-  assert ("moving average of the weights: 183.9 MiB (decay 0.99 per 25000 target tokens)"
+  # frozen parts have no moving average (and no Adam slots or accumulators)
+  assert "parameters: 48,199,680 (183.9 MiB float32); 29,296,640 train" in out, out
+  assert ("moving average of the weights: 111.8 MiB (decay 0.99 per 25000 target tokens)"
           in out)
 
 
