@@ -79,6 +79,7 @@ class RunModel:
   meta: dict | None
   data_dir: str
   weights: str = ""  # of the checkpoint restored last: "ema" or "raw" (see t2t_lite.ema)
+  weights_read: str = ""  # ... and what they are, for a program to print
 
   def decoder(self, options: DecodeOptions):
     from t2t_lite import decode
@@ -118,6 +119,11 @@ def restore(model, path: str, weights: str = "auto") -> str:
   weights (an average's, a kept best one) holds those alone, as its folder's record says.
   A usage error for weights the checkpoint does not hold; TensorFlow's own error when it
   does not fit."""
+  return _restore(model, path, weights)[0]
+
+
+def _restore(model, path: str, weights: str) -> tuple[str, str]:
+  """`restore`, and what the weights read are."""
   from t2t_lite.runtime import import_tensorflow
   tf = import_tensorflow()
   from t2t_lite import ema
@@ -135,7 +141,7 @@ def restore(model, path: str, weights: str = "auto") -> str:
   if recorded is None and chosen == ema.EMA:
     ema.restore_averages(model, path)
   logging.info("restored %s: %s", path, what)
-  return chosen
+  return chosen, what
 
 
 def describe_weights(path: str, chosen: str) -> str:
@@ -194,7 +200,7 @@ def load(output_dir: str | None, checkpoint_path: str | None = None,
   from t2t_lite.runtime import import_tensorflow
   tf = import_tensorflow()
   try:
-    run.weights = restore(run.model, path, weights)
+    run.weights, run.weights_read = _restore(run.model, path, weights)
   except (tf.errors.OpError, ValueError, AssertionError) as err:
     raise UsageError(f"cannot restore {path}: {str(err).splitlines()[0][:200]}") from None
   return run

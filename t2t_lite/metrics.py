@@ -30,7 +30,7 @@ def bleu_tokenizer(target_lang: str = "") -> str:
 def bleu(hypotheses: list[str], references: list[str], target_lang: str = ""):
   """sacreBLEU corpus BLEU (cased; tokenizer by target language, 13a by default); `.score`,
   and the metric's signature as `.signature`."""
-  metric = sacrebleu.BLEU(tokenize=bleu_tokenizer(target_lang))
+  metric = scorer("bleu", target_lang)
   score = metric.corpus_score(hypotheses, [references])
   score.signature = str(metric.get_signature())
   return score

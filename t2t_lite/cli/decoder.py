@@ -104,8 +104,7 @@ def _engine(options, given_keys: set[str]):
                      "--output_dir alone for the tensorflow engine")
   run = inference.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
                        FLAGS.hparams, FLAGS.problem, FLAGS.data_dir, FLAGS.weights)
-  path = inference.newest_checkpoint(FLAGS.output_dir, FLAGS.checkpoint_path)
-  print(f"weights: {inference.describe_weights(path, run.weights)}", file=sys.stderr)
+  print(f"weights: {run.weights_read}", file=sys.stderr)
   return run.decoder(options), run.vocab, run.hparams.max_length, options
 
 
