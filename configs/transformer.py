@@ -68,6 +68,9 @@ def basic_params() -> HParams:
       # ... if the run is at least this many updates long (0: any): --train_steps, or with
       # --train_minutes the budget's projection at subword_sampling_start.
       subword_sampling_min_updates=0,
+      # On data of several corpora (t2t-lite-datagen --corpus): their weights by update,
+      # "name:w/name:w@U;..." (t2t_lite.corpora); "": the weights datagen recorded.
+      corpus_weights="",
       # Numerics.
       mixed_precision=False,
   )

@@ -167,6 +167,9 @@ def check(hparams) -> None:
   check_dropout_ramp(hparams)
   check_ema(hparams)
   frozen_parts(hparams)
+  if hparams.corpus_weights.strip():
+    from t2t_lite import corpora
+    corpora.parse(hparams.corpus_weights)
   if hparams.hidden_size % hparams.num_heads:
     raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
                      f"num_heads={hparams.num_heads}")

@@ -386,13 +386,21 @@ class Learner:
   def accumulate_steps(self, update: int | None = None) -> int:
     """Micro-steps of update `update` (1-based; default: the update in progress)."""
     if update is None:
-      self._sync_host()
-      if self._attempts and (self.schedule.steps_for(self._updates_done + 1) !=
-                             self.schedule.steps_for(self._updates_done + self._attempts + 1)):
-        # A phase boundary lies within reach: whether updates were skipped decides n.
-        self._confirm(int(self.update_step.numpy()))
-      update = self._updates_done + self._attempts + 1
+      steps_for = self.schedule.steps_for
+      update = self.update_in_progress(lambda first, last: steps_for(first) != steps_for(last))
     return self.schedule.steps_for(update)
+
+  def update_in_progress(self, differ=None) -> int:
+    """The number (1-based) of the update in progress, from the host's mirrors, which count
+    every update tried as applied. Where that matters, `differ(first, last)` says so for the
+    range of updates it may be: then the count is read from the device (updates skipped
+    for a non-finite loss are tried again)."""
+    self._sync_host()
+    first, last = self._updates_done + 1, self._updates_done + self._attempts + 1
+    if self._attempts and differ is not None and differ(first, last):
+      self._confirm(int(self.update_step.numpy()))
+      return self._updates_done + 1
+    return last
 
   def position(self) -> int:
     """Micro-steps done of the update in progress (0 between updates)."""

@@ -137,10 +137,13 @@ def data_record(snapshot) -> dict:
   """What a run trains on: the problem, its languages, the vocabulary file's sha256 and the
   training split's subword sampling (`snapshot`: a problems.snapshot.DataSnapshot)."""
   settings = snapshot.settings
-  return {"problem": snapshot.problem.name, "source_lang": settings.get("source_lang", ""),
-          "target_lang": settings.get("target_lang", ""),
-          "vocab_sha256": snapshot.vocab_sha256(),
-          "subword_sampling": settings.get("subword_sampling")}
+  record = {"problem": snapshot.problem.name, "source_lang": settings.get("source_lang", ""),
+            "target_lang": settings.get("target_lang", ""),
+            "vocab_sha256": snapshot.vocab_sha256(),
+            "subword_sampling": settings.get("subword_sampling")}
+  if snapshot.corpora:  # (their weights in training: the hparam corpus_weights, else these)
+    record["corpora"] = [{"name": c["name"], "weight": c["weight"]} for c in snapshot.corpora]
+  return record
 
 
 def check_training_data(meta: dict | None, snapshot, what: str) -> None:
@@ -151,6 +154,14 @@ def check_training_data(meta: dict | None, snapshot, what: str) -> None:
   recorded = (meta or {}).get("data")
   if not recorded:
     return
+  names = [c["name"] for c in recorded.get("corpora") or []]
+  now_names = [c["name"] for c in snapshot.corpora]
+  if names != now_names:
+    said = lambda found: f"the corpora {', '.join(found)}" if found else "one corpus"  # noqa
+    raise UsageError(
+        f"{what} was trained on {said(names)}, but {snapshot.data_dir} holds "
+        f"{said(now_names)}; resume it on the data it was trained on, or start a new run "
+        "(--warm_start_from may start it from this one)")
   before = recorded.get("subword_sampling")
   now = snapshot.settings["subword_sampling"]
   if before != now:

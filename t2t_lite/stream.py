@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from t2t_lite.corpora import Curriculum, batch_corpora
 from t2t_lite.data import bucket_batch_sizes, bucket_boundaries
 from t2t_lite.errors import UsageError
 from t2t_lite.problems.store import ExampleStore
@@ -153,10 +154,11 @@ class TrainingStream:
   from the second, counted from there. Reads one micro-step ahead in a thread."""
 
   def __init__(self, stores: list[ExampleStore], batching: Batching, seed: int,
-               replicas: int, local_replicas: list[int]):
-    self.stores = stores
-    self.plans = [SplitPlan(store.lengths, batching, seed, number)
-                  for number, store in enumerate(stores)]
+               replicas: int, local_replicas: list[int], split_numbers: list[int] | None = None):
+    """`split_numbers`: each store's number in the seed of its plan (default: its place)."""
+    self.stores, self.seed = stores, seed
+    self.plans = [SplitPlan(store.lengths, batching, seed, number) for store, number in
+                  zip(stores, split_numbers or range(len(stores)), strict=True)]
     self.replicas, self.local_replicas = replicas, local_replicas
     self.examples_read = self.batches_read = 0  # this process's, since it started
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="t2t-lite-input")
@@ -180,16 +182,26 @@ class TrainingStream:
       batches.append(self.stores[split].batch(rows, pad_to))
     return batches
 
-  def micro_batches(self, micro_step: int, sampled_from: int = -1) -> list[dict]:
+  # The keys of a micro-step as it is taken, and as it is read ahead: here the same pure
+  # function of the micro-step; a stream with a position of its own (corpora.MixedStream)
+  # advances it as a micro-step is taken.
+  def _take(self, micro_step: int, sampled_from: int, update: int):
+    return self._keys(micro_step, sampled_from)
+
+  def _peek(self, micro_step: int, sampled_from: int, update: int):
+    return self._keys(micro_step, sampled_from)
+
+  def micro_batches(self, micro_step: int, sampled_from: int = -1, update: int = 1) -> list:
     """The local replicas' batches of `micro_step` (numpy int32 arrays), in the order of
-    `local_replicas`; the next micro-step's are read meanwhile (on the same split choice:
-    a decision taken in between reads them again)."""
-    keys = self._keys(micro_step, sampled_from)
+    `local_replicas`, of update `update` (1-based; it picks a mixed stream's weights); the
+    next micro-step's are read meanwhile (on the same split choice and update: a decision
+    taken in between reads them again)."""
+    keys = self._take(micro_step, sampled_from, update)
     if self._ahead is not None and self._ahead[0] == keys:
       batches = self._ahead[1].result()
     else:
       batches = self._read(keys)
-    following = self._keys(micro_step + 1, sampled_from)
+    following = self._peek(micro_step + 1, sampled_from, update)
     self._ahead = (following, self._pool.submit(self._read, following))
     self.batches_read += len(batches)
     self.examples_read += sum(len(batch["targets"]) for batch in batches)
@@ -197,3 +209,64 @@ class TrainingStream:
 
   def close(self) -> None:
     self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class MixedStream(TrainingStream):
+  """The training stream over several corpora (t2t_lite.corpora): `corpora` holds,
+  for each corpus, its stores in the order of TrainingStream's (one segmentation, or the one
+  best then the sampled ones from `sampled_from`)."""
+
+  def __init__(self, corpora, curriculum: Curriculum, batching, seed: int, replicas: int,
+               local_replicas: list[int]):
+    stores, self._slots, numbers = [], [], []
+    for index, corpus_stores in enumerate(corpora):
+      self._slots.append(list(range(len(stores), len(stores) + len(corpus_stores))))
+      numbers += [2 * index + slot for slot in range(len(corpus_stores))]
+      stores += corpus_stores
+    super().__init__(stores, batching, seed, replicas, local_replicas, numbers)
+    self.curriculum = curriculum
+    self.taken = np.zeros((len(corpora), 2), np.int64)  # batches read, by segmentation
+    self.tokens = np.zeros(len(corpora), np.int64)  # target tokens read
+    self.at = 0  # the micro-step the counts stand at
+
+  def resume(self, micro_step: int, taken: np.ndarray, tokens: np.ndarray) -> None:
+    """The position recorded in a checkpoint at `micro_step` (of this run's layout)."""
+    taken, tokens = np.asarray(taken, np.int64), np.asarray(tokens, np.int64)
+    if int(taken.sum()) != micro_step * self.replicas:
+      raise UsageError(f"the checkpoint's corpus positions count {int(taken.sum())} batches, "
+                       f"its micro-step counter {micro_step * self.replicas}: it was not "
+                       "written by this run; resume from another checkpoint")
+    self.taken, self.tokens, self.at = taken.copy(), tokens.copy(), micro_step
+    self._ahead = None
+
+  def _plan(self, micro_step: int, sampled_from: int, update: int, taken, tokens):
+    """The keys of every replica's batch at `micro_step` from position (`taken`, `tokens`)
+    at its start, and the position after it."""
+    numbers = micro_step * self.replicas + np.arange(self.replicas)
+    chosen = batch_corpora(self.seed, numbers, self.curriculum.weights_at(update))
+    taken, tokens, keys = taken.copy(), tokens.copy(), []
+    for number, corpus in zip(numbers.tolist(), chosen.tolist()):
+      slots = self._slots[corpus]
+      slot = 1 if len(slots) == 2 and 0 <= sampled_from <= number else 0
+      key = (slots[slot], int(taken[corpus, slot]))
+      taken[corpus, slot] += 1
+      rows, _ = self.plans[key[0]].batch(key[1])
+      tokens[corpus] += int(self.stores[key[0]].lengths[rows, 1].sum())
+      keys.append(key)
+    return tuple(keys[r] for r in self.local_replicas), taken, tokens
+
+  def _take(self, micro_step: int, sampled_from: int, update: int):
+    if micro_step != self.at:
+      raise RuntimeError(f"the mixed stream stands at micro-step {self.at}, not {micro_step}")
+    keys, *self._after = self._plan(micro_step, sampled_from, update, self.taken, self.tokens)
+    return keys
+
+  def _peek(self, micro_step: int, sampled_from: int, update: int):
+    return self._plan(micro_step, sampled_from, update, *self._after)[0]
+
+  def micro_batches(self, micro_step: int, sampled_from: int = -1, update: int = 1) -> list:
+    """As TrainingStream's; the position moves past `micro_step` once its batches are read."""
+    batches = super().micro_batches(micro_step, sampled_from, update)
+    self.taken, self.tokens = self._after
+    self.at += 1
+    return batches

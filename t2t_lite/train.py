@@ -31,9 +31,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 from absl import logging
 
-from t2t_lite import distribute, formats, layouts, rundir
+from t2t_lite import distribute, formats, layouts, mixing, rundir
 from t2t_lite import faults as faults_lib
-from t2t_lite import stream as stream_lib
 from t2t_lite import warm_start as warm_start_lib
 from t2t_lite.checkpoints import Checkpoints, cluster_warm_start_source, warm_start_source
 from t2t_lite.clock import Agreement, Clock, StopRequests
@@ -62,6 +61,7 @@ class RunOptions:
   warm_start_from: str = ""             # a run or checkpoint whose weights a new run starts from
   warm_start_optimizer: bool = False    # ... and its Adam slots
   warm_start_vocab: str = ""            # the source's vocabulary, where it is another one
+  warm_start_vocab_rows: str = "pieces"  # ... and how its rows are mapped (vocab_map)
   allow_hparams_change: bool = False    # resume on a layout with other tokens per update
   allow_stream_change: bool = False     # resume a checkpoint of an older data position on
                                         # the planned stream
@@ -117,13 +117,16 @@ class Trainer:
   def sampled_from(self) -> tf.Variable:
     return self.run_plan.sampled_from
 
-  def _open_stream(self, splits: list[str]) -> stream_lib.TrainingStream:
-    """This process's replicas' batches of the one training stream (stream.TrainingStream)."""
+  def _open_stream(self, splits: list[str]):
+    """This process's replicas' batches of the one training stream (stream.TrainingStream;
+    on data of several corpora a MixedStream, and self.corpora its CorpusMix)."""
+    from t2t_lite.stream import Batching
     self.replica_ids = distribute.local_replica_ids(self.strategy)
-    return stream_lib.TrainingStream(
-        [self.start.snapshot.store(split) for split in splits],
-        stream_lib.Batching.of(self.hparams, self.options.xla_compile), self.options.seed,
-        self.plan.replicas, self.replica_ids)
+    stream, self.corpora = mixing.open_stream(
+        self.start.snapshot, self.hparams, splits,
+        Batching.of(self.hparams, self.options.xla_compile), self.options.seed,
+        self.plan.replicas, self.replica_ids, self.strategy)
+    return stream
 
   def _make_checkpoints(self) -> Checkpoints:
     """Every worker resumes from the chief's checkpoints in output_dir (a shared
@@ -132,7 +135,8 @@ class Trainer:
     keeps. The accumulators exist only for n > 1; what later versions added may be missing
     from an older checkpoint, and formats.upgrade_restored fills it in."""
     objects = {TRAIN_SECONDS: self.train_seconds, **self.run_plan.trackables(),
-               **self.learner.trackables()}
+               **self.learner.trackables(),
+               **(self.corpora.trackables() if self.corpora else {})}
     return Checkpoints(
         objects, self.options.output_dir, self.options.checkpointing, self.strategy,
         self.faults, is_chief=self.is_chief, before_restore=self._check_stream,
@@ -156,7 +160,8 @@ class Trainer:
     if self.run_plan.switches_at(micro_step):
       logging.info("update %d: training reads the sampled segmentations from here on",
                    int(self.learner.update_step.numpy()) + 1)  # (one device read, once)
-    taken = self.stream.micro_batches(micro_step, self.run_plan.switch)
+    update = self.corpora.update(self.learner) if self.corpora else 1
+    taken = self.stream.micro_batches(micro_step, self.run_plan.switch, update)
     batches = dict(zip(self.replica_ids, taken))
     if len(batches) == 1 and self.strategy.num_replicas_in_sync == 1:
       return {name: tf.constant(value) for name, value in taken[0].items()}
@@ -186,7 +191,8 @@ class Trainer:
             if self._multi_worker else warm_start_source(options.warm_start_from))
         self.warm_start_vocabulary = warm_start_lib.start(
             self.learner, self.vocab, self.hparams, source, options.warm_start_vocab,
-            options.warm_start_optimizer, options.warm_start_from)
+            options.warm_start_optimizer, options.warm_start_from,
+            options.warm_start_vocab_rows)
       return False
     if options.warm_start_from:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
@@ -206,6 +212,8 @@ class Trainer:
     already_saved = self.checkpoints.last_saved == number
     if not already_saved:
       self.learner.record_layout()
+      if self.corpora:
+        self.corpora.before_save(micro_step)
     path = self.checkpoints.save(number)
     if not already_saved:
       logging.info("saved %s (update %d, micro-step %d)", path,
@@ -226,7 +234,7 @@ class Trainer:
     if self.is_chief:
       self.log.writer = tf.summary.create_file_writer(
           os.path.join(self.options.output_dir, "train"))
-    self.log.run_start(self.hparams)
+    self.log.run_start(self.hparams, self.corpora)
     with self.stops.handling_signals():
       try:
         return self._loop()
@@ -259,6 +267,8 @@ class Trainer:
     micro-steps read nothing from the device: the host counts the updates it tried and
     reads the device's window of statistics only when `decide` asks for it."""
     clock = self._start_clock()
+    if self.corpora:
+      self.corpora.resume(self.learner.host_micro_step())
     update = self.log.read()  # a new window
     self.run_plan.start(update)
     progress = Progress(tried=update, seen=update, applied=update)
@@ -307,6 +317,8 @@ class Trainer:
       self.log.phase(update)
     if actions.log:
       self.log.line(update, self.run_plan.schedule().train_steps, clock)
+      if self.corpora:
+        self.corpora.log(update, self.log.writer)
     if actions.plan:
       self.run_plan.check_budget(update, time.time(), clock.deadline, self._chiefs_projection)
     if actions.save:

@@ -51,10 +51,11 @@ class TrainLog:
     self._last_read = None
     self._reduction_logged = False
 
-  def run_start(self, hparams) -> None:
-    """What the run will do: the batch plan, the dropout ramp, the moving average."""
+  def run_start(self, hparams, corpora=None) -> None:
+    """What the run will do: the batch plan, the corpora's weights (a mixing.CorpusMix), the
+    dropout ramp, the moving average."""
     from t2t_lite import hparams_check
-    for line in self.plan.lines():
+    for line in self.plan.lines() + (corpora.start_lines() if corpora else []):
       logging.info("%s", line)
     if hparams_check.has_dropout_ramp(hparams):
       logging.info("residual dropout: %g until update %d, rising linearly to %g at update %d",

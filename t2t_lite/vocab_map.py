@@ -9,6 +9,9 @@ A new run whose data has another sentencepiece vocabulary than the run it starts
   string as it is, word-start mark included), so "▁Fahrradfahrer" starts near "▁Fahrrad" +
   "fahrer";
 - new: a piece with a character the source has no piece for keeps its fresh initial row.
+`--warm_start_vocab_rows` picks the rule: `pieces` (the above), `carried` (composed pieces
+start fresh too) or `fresh` (every vocabulary row starts fresh; only the rest of the model is
+carried), the last two to measure what the mapping is worth (docs/training.md).
 With --warm_start_optimizer, Adam's moments are carried for the carried rows and start at 0
 for the composed and new ones (their gradients' history belongs to other pieces).
 """
@@ -23,6 +26,7 @@ from t2t_lite.problems.sampling import SegmentationSampler
 from t2t_lite.problems.vocab import EOS_ID, PAD_ID, UNK_ID
 
 CARRIED, COMPOSED, NEW = "carried", "composed", "new"
+ROW_RULES = ("pieces", "carried", "fresh")  # --warm_start_vocab_rows
 
 
 @dataclass
@@ -68,8 +72,11 @@ class VocabMapping:
     return np.moveaxis(out, 0, axis)
 
 
-def plan(source_vocab, new_vocab) -> VocabMapping:
-  """Where each piece of `new_vocab` starts from in `source_vocab` (both SubwordVocab)."""
+def plan(source_vocab, new_vocab, rows: str = "pieces") -> VocabMapping:
+  """Where each piece of `new_vocab` starts from in `source_vocab` (both SubwordVocab), by
+  the rule `rows` (one of ROW_RULES)."""
+  if rows not in ROW_RULES:
+    raise ValueError(f"rows={rows!r}: one of {', '.join(ROW_RULES)}")
   old, new = source_vocab._sp, new_vocab._sp  # noqa: SLF001 (the sentencepiece models)
   fixed = {PAD_ID, EOS_ID, UNK_ID}
   by_piece = {old.id_to_piece(i): i for i in range(old.get_piece_size()) if i not in fixed}
@@ -77,6 +84,10 @@ def plan(source_vocab, new_vocab) -> VocabMapping:
   kinds, sources, examples = [], [], {}
   for new_id in range(new.get_piece_size()):
     piece = new.id_to_piece(new_id)
+    if rows == "fresh":
+      kinds.append(NEW)
+      sources.append([])
+      continue
     if new_id in fixed:
       kinds.append(CARRIED)
       sources.append([new_id])
@@ -85,7 +96,7 @@ def plan(source_vocab, new_vocab) -> VocabMapping:
       kinds.append(CARRIED)
       sources.append([by_piece[piece]])
       continue
-    parts = splitter.best(piece)
+    parts = splitter.best(piece) if rows == "pieces" else None
     if parts:
       kinds.append(COMPOSED)
       sources.append(parts)

@@ -69,10 +69,10 @@ def warm_start_mapped(learner, path: str, source_hparams, source_vocab_size: int
 
 
 def start(learner, vocab, hparams, path: str, source_vocab_file: str = "",
-          with_optimizer: bool = False, named: str = "") -> dict | None:
+          with_optimizer: bool = False, named: str = "", rows: str = "pieces") -> dict | None:
   """Starts `learner` (of `hparams`, on `vocab`) from checkpoint `path` (`named`: what the
-  user gave); `source_vocab_file`: the source's vocabulary when it differs from `vocab`.
-  Returns the record of a vocabulary mapping (for the run's record), else None."""
+  user gave); `source_vocab_file`: the source's vocabulary when it differs from `vocab`,
+  whose rows are mapped by the rule `rows` (vocab_map.ROW_RULES). Returns the record of a vocabulary mapping (for the run's record), else None."""
   folder = os.path.dirname(path) or "."
   recorded = rundir.read_meta(folder) is not None  # (a bare checkpoint prefix may have none)
   source_hparams, meta = rundir.model_from_run(folder) if recorded else (None, None)
@@ -94,13 +94,13 @@ def start(learner, vocab, hparams, path: str, source_vocab_file: str = "",
   if source_vocab_file:
     from t2t_lite import vocab_map
     from t2t_lite.problems.vocab import SubwordVocab
-    mapping = vocab_map.plan(SubwordVocab(source_vocab_file), vocab)
+    mapping = vocab_map.plan(SubwordVocab(source_vocab_file), vocab, rows)
     examples = "; ".join(f"{piece} <- {' + '.join(parts)}"
                          for piece, parts in mapping.examples.items())
-    logging.info("warm start onto another vocabulary: %s (e.g. %s)", mapping.summary(),
-                 examples or "none composed")
+    logging.info("warm start onto another vocabulary, rows by %s: %s (e.g. %s)", rows,
+                 mapping.summary(), examples or "none composed")
     record = {"source_vocab_sha256": (meta.get("data") or {}).get("vocab_sha256"),
-              **mapping.counts()}
+              "rows": rows, **mapping.counts()}
   reset = warm_start_mapped(learner, path, source_hparams, meta["vocab_size"], mapping,
                             with_optimizer)
   logging.info("warm start from %s: model weights%s%s; update 0", path,

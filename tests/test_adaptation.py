@@ -72,6 +72,24 @@ def test_pieces_are_carried_by_string_composed_from_their_split_or_new(tiny_run,
                                   source[ids[0]] if kind == "carried" else np.zeros(4))
 
 
+def test_the_rules_without_composition_start_those_rows_fresh(tiny_run, sampled_data):
+  """--warm_start_vocab_rows=carried: the composed pieces start fresh (as new ones);
+  fresh: every row does."""
+  old = SubwordVocab(vocab_path(tiny_run["data_dir"]))
+  new = SubwordVocab(vocab_path(sampled_data))
+  pieces = vocab_map.plan(old, new).counts()
+  carried = vocab_map.plan(old, new, "carried")
+  assert carried.counts() == {"carried": pieces["carried"], "composed": 0,
+                              "new": pieces["composed"] + pieces["new"]}
+  fresh = vocab_map.plan(old, new, "fresh")
+  assert fresh.counts() == {"carried": 0, "composed": 0, "new": new.size}
+  rng = np.random.RandomState(1)
+  source, start = rng.normal(size=(old.size, 3)), rng.normal(size=(new.size, 3))
+  np.testing.assert_array_equal(fresh.map_rows(source, start), start)
+  with pytest.raises(ValueError, match="rows='mean': one of pieces, carried, fresh"):
+    vocab_map.plan(old, new, "mean")
+
+
 def test_a_warm_start_onto_another_vocabulary_maps_rows_and_moments(tiny_run, sampled_data,
                                                                    tmp_path):
   """tiny_run (8,000 pieces) onto data of 2,000: the embedding's rows by piece, Adam's
@@ -83,7 +101,8 @@ def test_a_warm_start_onto_another_vocabulary_maps_rows_and_moments(tiny_run, sa
   assert trainer.restore() is False
   mapping = vocab_map.plan(SubwordVocab(vocab_path(tiny_run["data_dir"])), trainer.vocab)
   assert trainer.warm_start_vocabulary == {"source_vocab_sha256": json.load(open(os.path.join(
-      tiny_run["output_dir"], "hparams.json")))["data"]["vocab_sha256"], **mapping.counts()}
+      tiny_run["output_dir"], "hparams.json")))["data"]["vocab_sha256"], "rows": "pieces",
+      **mapping.counts()}
   get = _source(tiny_run)
   model, learner = trainer.learner.model, trainer.learner
   embedding = model.embedding.numpy()
@@ -117,9 +136,23 @@ def test_the_cli_records_and_logs_what_the_mapping_did(tiny_run, sampled_data, t
   with open(output_dir / "hparams.json") as f:
     record = json.load(f)["warm_start_vocabulary"]
   assert record["carried"] + record["composed"] + record["new"] == 2000
-  assert (f"warm start onto another vocabulary: of 2,000 pieces, {record['carried']:,} carried "
-          "from the source's 8,000 by piece") in result.stderr
+  assert record["rows"] == "pieces"
+  assert (f"warm start onto another vocabulary, rows by pieces: of 2,000 pieces, "
+          f"{record['carried']:,} carried from the source's 8,000 by piece") in result.stderr
   assert "composed from the source's pieces of their text" in result.stderr
+
+
+def test_the_rows_rule_is_refused_where_no_rows_are_mapped(tiny_run, tmp_path):
+  alone = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={tiny_run['data_dir']}",
+              f"--output_dir={tmp_path / 'a'}", "--warm_start_vocab_rows=fresh")
+  assert alone.returncode == 2 and alone.stderr.strip().splitlines()[-1].endswith(
+      "--warm_start_vocab_rows is read only with --warm_start_from onto another vocabulary; "
+      "set that too, or drop it")
+  same = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={tiny_run['data_dir']}",
+             f"--output_dir={tmp_path / 'b'}", f"--warm_start_from={tiny_run['output_dir']}",
+             "--warm_start_vocab_rows=fresh")
+  assert same.returncode == 2 and same.stderr.strip().splitlines()[-1].endswith(
+      "was trained with this run's vocabulary, so no rows are mapped; drop it")
 
 
 # --- frozen parts --------------------------------------------------------------------------

@@ -22,6 +22,12 @@ common.define_count("subword_sampling_copies", 0, "Subword regularization: write
 flags.DEFINE_float("subword_sampling_alpha", 0.0, "The sampling's alpha (0 < alpha <= 1; 1: the "
                    "vocabulary's own probabilities, lower: more varied segmentations); needs "
                    "--subword_sampling_copies.", lower_bound=0.0)
+flags.DEFINE_multi_string("corpus", [], "Several training corpora, sampled by weight in "
+                          "training: NAME:WEIGHT:DIR adds the corpus in DIR (its train.<source> "
+                          "and train.<target>, plain or .gz); NAME:WEIGHT without DIR names and "
+                          "weighs the problem's own training split (else main:1). Repeat the "
+                          "flag for each; the trainer's corpus_weights hparam may change the "
+                          "weights.")
 FLAGS = flags.FLAGS
 
 
@@ -35,7 +41,7 @@ def main() -> None:
   common.check_writable_dir(FLAGS.data_dir, "data_dir")
   problem.configure(source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
                     vocab_size=FLAGS.vocab_size, sampling_copies=FLAGS.subword_sampling_copies,
-                    sampling_alpha=FLAGS.subword_sampling_alpha)
+                    sampling_alpha=FLAGS.subword_sampling_alpha, corpora=FLAGS.corpus)
   manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir, FLAGS.overwrite)
   if manifest["skipped"]:
     print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "
@@ -52,6 +58,11 @@ def main() -> None:
               if sampling and split == SAMPLED else "")
     print(f"{problem.name} {split}: {info['read']} pairs read, {info['kept']} kept "
           f"(dropped: {dropped}){copies} -> {len(info['files'])} file(s)")
+  if manifest.get("corpora"):
+    total = sum(corpus["weight"] for corpus in manifest["corpora"])
+    print("training corpora, by weight: " + ", ".join(
+        f"{c['name']} {c['weight']:g} ({100 * c['weight'] / total:.1f}% of the batches; "
+        f"{manifest['splits'][c['split']]['kept']} pairs)" for c in manifest["corpora"]))
   print(f"vocabulary: {manifest['vocab']['file']} ({manifest['vocab']['size']} pieces, "
         f"sha256 {manifest['vocab']['sha256'][:12]})")
   print(f"manifest: {problem.manifest_file(FLAGS.data_dir)}")

@@ -77,6 +77,11 @@ flags.DEFINE_string("warm_start_from", None, "Fine-tuning: a new run starts from
                     "Ignored, with a warning, when --output_dir has checkpoints to resume.")
 flags.DEFINE_bool("warm_start_optimizer", False, "With --warm_start_from: also carry Adam's "
                   "slots (moments), not its step.")
+flags.DEFINE_enum("warm_start_vocab_rows", "pieces", ["pieces", "carried", "fresh"],
+                  "With --warm_start_from onto another vocabulary: where the embedding and "
+                  "softmax rows start. pieces: a piece's own row, else the mean of the rows of "
+                  "its text's pieces in the source vocabulary; carried: a piece's own row, else "
+                  "fresh; fresh: every row fresh (only the rest of the model is carried).")
 flags.DEFINE_bool("registry_help", False, "List the registered hparams sets, problems, models.")
 flags.DEFINE_bool("dry_run", False, "Resolve everything, print it, and exit without training.")
 flags.DEFINE_bool("allow_hparams_change", False, "Resume an --output_dir with a different "
@@ -151,6 +156,9 @@ def _resolve():
   if FLAGS.warm_start_optimizer and not FLAGS.warm_start_from:
     raise UsageError("--warm_start_optimizer is read only with --warm_start_from; set that "
                      "too, or drop it")
+  if FLAGS["warm_start_vocab_rows"].present and not FLAGS.warm_start_from:
+    raise UsageError("--warm_start_vocab_rows is read only with --warm_start_from onto "
+                     "another vocabulary; set that too, or drop it")
   if FLAGS.warm_start_from and FLAGS.output_dir and os.path.realpath(
       FLAGS.warm_start_from).startswith(os.path.realpath(FLAGS.output_dir) + os.sep):
     raise UsageError(f"--warm_start_from={FLAGS.warm_start_from} lies inside --output_dir; "
@@ -178,6 +186,18 @@ def _resolve():
     rundir.check_data(previous, snapshot, FLAGS.output_dir)
     rundir.check_training_data(previous, snapshot, FLAGS.output_dir)
   return problem, hparams, rundir.RunStart(snapshot, previous), hparams_set, data_dir, seed
+
+
+def _source_vocab_file(start) -> str:
+  """The --warm_start_from run's vocabulary where it is another than this run's ("" when it
+  is the same); --warm_start_vocab_rows is refused where there is nothing to map."""
+  found = (_source_vocabulary(FLAGS.warm_start_from, start.snapshot)
+           if FLAGS.warm_start_from and start.snapshot else "")
+  if FLAGS.warm_start_from and start.snapshot and not found and FLAGS[
+      "warm_start_vocab_rows"].present:
+    raise UsageError(f"--warm_start_vocab_rows: --warm_start_from={FLAGS.warm_start_from} was "
+                     "trained with this run's vocabulary, so no rows are mapped; drop it")
+  return found
 
 
 def _source_vocabulary(source: str, snapshot) -> str:
@@ -288,8 +308,8 @@ def _run_options(data_dir: str, seed: int, start):
           early_stopping_delta=FLAGS.eval_early_stopping_metric_delta),
       log_every=FLAGS.log_every, warm_start_from=FLAGS.warm_start_from or "",
       warm_start_optimizer=FLAGS.warm_start_optimizer,
-      warm_start_vocab=(_source_vocabulary(FLAGS.warm_start_from, start.snapshot)
-                        if FLAGS.warm_start_from and start.snapshot else ""),
+      warm_start_vocab=_source_vocab_file(start),
+      warm_start_vocab_rows=FLAGS.warm_start_vocab_rows,
       allow_hparams_change=FLAGS.allow_hparams_change,
       allow_stream_change=FLAGS.allow_stream_change, xla_compile=FLAGS.xla_compile)
 

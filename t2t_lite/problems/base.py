@@ -36,10 +36,11 @@ from t2t_lite.errors import RunError, UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
 from t2t_lite.problems import store as store_lib
-from t2t_lite.problems.snapshot import TRAINING_SPLITS, DataSnapshot
+from t2t_lite.problems.snapshot import DataSnapshot, is_training_split
 from t2t_lite.problems import vocab as vocab_lib
 
 SPLITS = ("train", "dev", "test")  # of the raw data
+OWN_CORPUS = "main"  # the name of the problem's own training corpus, unless --corpus names it
 # The training pairs again, each in `subword_sampling.copies` sampled segmentations (data
 # made with subword sampling; "train" holds their one best segmentation).
 SAMPLED = "train_sampled"  # (the second of snapshot.TRAINING_SPLITS)
@@ -139,6 +140,59 @@ def read_parallel(source_path: str, target_path: str) -> RawSplit:
   return RawSplit(pairs, source=f"{source_path} + {target_path}")
 
 
+def corpus_file(folder: str, lang: str) -> str:
+  """`folder`/train.`lang`, plain or gzip: a training corpus's file of one language."""
+  plain = os.path.join(folder, f"train.{lang}")
+  for path in (plain, plain + ".gz"):
+    if os.path.isfile(path):
+      return path
+  raise UsageError(f"missing corpus file train.{lang}: looked for {plain} and {plain}.gz")
+
+
+def parse_corpora(entries) -> list[dict]:
+  """The training corpora of --corpus entries NAME:WEIGHT[:DIR]: DIR holds the corpus's
+  train.<source_lang> and train.<target_lang> (plain or .gz); without DIR, the entry names
+  and weighs the problem's own training split (else named "main", of weight 1). The own
+  corpus comes first."""
+  corpora = []
+  for entry in entries:
+    name, _, rest = entry.partition(":")
+    weight_text, _, folder = rest.partition(":")
+    try:
+      weight = float(weight_text)
+    except ValueError:
+      weight = -1.0
+    from t2t_lite.corpora import NAME
+    if not NAME.match(name) or not weight > 0:
+      raise UsageError(f"--corpus={entry}: write NAME:WEIGHT[:DIR], a name of lowercase "
+                       "letters, digits, '_' and '-', a weight above 0, and the folder of its "
+                       "train.<lang> files (none: the problem's own training split)")
+    if any(c["name"] == name for c in corpora):
+      raise UsageError(f"--corpus: the name {name} is given twice; give each corpus its own")
+    if folder and not os.path.isdir(folder):
+      raise UsageError(f"--corpus={entry}: {folder} is not a folder")
+    corpora.append({"name": name, "weight": weight, "dir": folder})
+  own = [c for c in corpora if not c["dir"]]
+  if len(own) > 1:
+    raise UsageError(f"--corpus: {own[0]['name']} and {own[1]['name']} both name the problem's "
+                     "own training split (no DIR); give the other a folder")
+  if corpora and not own:
+    if any(c["name"] == OWN_CORPUS for c in corpora):
+      raise UsageError(f"--corpus: {OWN_CORPUS} names the problem's own training split; give "
+                       "the corpus of that folder another name")
+    own = [{"name": OWN_CORPUS, "weight": 1.0, "dir": ""}]
+  if corpora and len(corpora) + (0 if any(not c["dir"] for c in corpora) else 1) < 2:
+    raise UsageError("--corpus: one corpus is the problem's own training split; add another "
+                     "with --corpus=NAME:WEIGHT:DIR, or drop --corpus")
+  return own + [c for c in corpora if c["dir"]] if corpora else []
+
+
+def corpus_split(split: str, corpus: dict, index: int) -> str:
+  """The split name of `corpus` (the index-th) for training split kind `split` ("train" or
+  the sampled one): the own corpus's is the kind itself, another's "<kind>.<name>"."""
+  return split if index == 0 else f"{split}.{corpus['name']}"
+
+
 def file_sha256(path: str) -> str:
   digest = hashlib.sha256()
   with open(path, "rb") as f:
@@ -158,6 +212,7 @@ class TranslateProblem(abc.ABC):
   datagen_seed = 1  # of the vocabulary sample, the order of the training shards, sampling
   sampling_copies = 0  # subword sampling of the training split (configure)
   sampling_alpha = 0.0
+  corpora: list = []  # several training corpora (configure; none: the problem's own)
 
   # --- what subclasses provide -------------------------------------------------------
   @abc.abstractmethod
@@ -170,11 +225,13 @@ class TranslateProblem(abc.ABC):
     return {}
 
   def configure(self, vocab_size: int = 0, sampling_copies: int = 0,
-                sampling_alpha: float = 0.0, **options) -> None:
+                sampling_alpha: float = 0.0, corpora=(), **options) -> None:
     """Datagen options: a vocabulary size other than the problem's (0: keep it), subword
     sampling of the training split (`sampling_copies` segmentations of every pair, drawn at
-    `sampling_alpha`; 0 copies: the one best segmentation), and problem-specific ones (e.g.
+    `sampling_alpha`; 0 copies: the one best segmentation), more training corpora
+    (`corpora`: --corpus entries, see parse_corpora), and problem-specific ones (e.g.
     languages for a folder corpus)."""
+    self.corpora = parse_corpora(corpora)
     if vocab_size < 0:
       raise UsageError(f"--vocab_size={vocab_size} must be positive (0: the problem's default)")
     if vocab_size:
@@ -243,15 +300,44 @@ class TranslateProblem(abc.ABC):
 
   # --- datagen -----------------------------------------------------------------------
   def _settings(self) -> dict:
-    return {"vocab_size": self.vocab_size, "num_train_shards": self.num_train_shards,
-            "source_lang": self.source_lang, "target_lang": self.target_lang,
-            "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION,
-            "subword_sampling": ({"copies": self.sampling_copies, "alpha": self.sampling_alpha}
-                                 if self.sampling_copies else None)}
+    settings = {"vocab_size": self.vocab_size, "num_train_shards": self.num_train_shards,
+                "source_lang": self.source_lang, "target_lang": self.target_lang,
+                "datagen_seed": self.datagen_seed, "version": MANIFEST_VERSION,
+                "subword_sampling": ({"copies": self.sampling_copies,
+                                      "alpha": self.sampling_alpha}
+                                     if self.sampling_copies else None)}
+    if self.corpora:  # (absent for one corpus: data made before corpora stays up to date)
+      settings["corpora"] = [{"name": c["name"], "weight": c["weight"]} for c in self.corpora]
+    return settings
+
+  def _training_splits(self) -> dict[str, tuple[int, bool]]:
+    """The training splits datagen writes: name -> (its corpus's index, whether it holds
+    the sampled segmentations)."""
+    kinds = ("train",) + ((SAMPLED,) if self.sampling_copies else ())
+    return {corpus_split(kind, corpus, index): (index, kind == SAMPLED)
+            for index, corpus in enumerate(self.corpora or [{"name": OWN_CORPUS}])
+            for kind in kinds}
 
   def split_names(self) -> tuple[str, ...]:
-    """The splits datagen writes: SPLITS, and SAMPLED when it samples segmentations."""
-    return ("train",) + ((SAMPLED,) if self.sampling_copies else ()) + SPLITS[1:]
+    """The splits datagen writes: each corpus's training splits (the one best, and the
+    sampled segmentations when it samples them), then dev and test."""
+    return tuple(self._training_splits()) + SPLITS[1:]
+
+  def _inputs(self, tmp_dir: str) -> dict:
+    """input_fingerprint, and the files of the other corpora."""
+    inputs = self.input_fingerprint(tmp_dir)
+    for corpus in self.corpora[1:]:
+      for lang in (self.source_lang, self.target_lang):
+        path = corpus_file(corpus["dir"], lang)
+        inputs[f"{corpus['name']}/{os.path.basename(path)}"] = file_sha256(path)
+    return inputs
+
+  def _raw_corpora(self, tmp_dir: str) -> list[RawSplit]:
+    """The training pairs of each corpus, the own one first."""
+    own = self.read_raw("train", tmp_dir)
+    return [own] + [read_parallel(corpus_file(c["dir"], self.source_lang),
+                                  corpus_file(c["dir"], self.target_lang))
+                    for c in self.corpora[1:]]
 
   def _up_to_date(self, data_dir: str, inputs: dict) -> bool:
     old = self._read_manifest(data_dir)
@@ -316,7 +402,7 @@ class TranslateProblem(abc.ABC):
     os.makedirs(data_dir, exist_ok=True)
     if not os.access(data_dir, os.W_OK):
       raise UsageError(f"--data_dir {data_dir} is not writable")
-    inputs = self.input_fingerprint(tmp_dir)
+    inputs = self._inputs(tmp_dir)
     if self._up_to_date(data_dir, inputs):
       manifest = self.manifest(data_dir)
       if any("store" not in manifest["splits"][split] for split in self._stored(manifest)):
@@ -326,14 +412,18 @@ class TranslateProblem(abc.ABC):
     self._refuse_other_data(data_dir, inputs, overwrite)
     old = self._read_manifest(data_dir)
     _remove_stale_temporaries(data_dir, self.name, old and old["dir"])
-    raw = {split: self.read_raw(split, tmp_dir) for split in SPLITS}
+    raw = {split: self.read_raw(split, tmp_dir) for split in SPLITS[1:]}
     for split in ("dev", "test"):  # small: a bad line there stops datagen before the long part
       for _ in raw[split]:
         pass
       self._check_read(split, raw[split])
-    sample = vocab_lib.reservoir_sample(raw["train"].sentences(), vocab_lib.SAMPLE_SENTENCES,
-                                        self.datagen_seed)
-    self._check_read("train", raw["train"])
+    raw["train"] = self._raw_corpora(tmp_dir)
+    sample = vocab_lib.reservoir_sample(
+        (sentence for corpus in raw["train"] for sentence in corpus.sentences()),
+        vocab_lib.SAMPLE_SENTENCES, self.datagen_seed)
+    for index, corpus in enumerate(raw["train"]):
+      self._check_read("train" if not index else f"train ({self.corpora[index]['name']})",
+                       corpus)
     try:
       model_bytes = vocab_lib.train_sentencepiece(sample, self.vocab_size, self.datagen_seed)
     except vocab_lib.VocabSizeTooHigh as err:
@@ -363,13 +453,13 @@ class TranslateProblem(abc.ABC):
     write_atomic(self.vocab_file(data_dir, manifest), model_bytes)
     vocab = vocab_lib.SubwordVocab(self.vocab_file(data_dir, manifest))
     at = lambda name: os.path.join(data_dir, folder, name)  # noqa: E731
-    splits = {}
+    splits, training = {}, self._training_splits()
     for split in self.split_names():
-      data = raw["train" if split == SAMPLED else split]
+      data = raw["train"][training[split][0]] if split in training else raw[split]
       expected = data.kept
-      if split in ("train", SAMPLED):  # the one best, or the sampled copies
+      if split in training:  # the one best, or the sampled copies
         names = self.shard_names(split, self.num_train_shards)
-        copies, alpha = ((self.sampling_copies, self.sampling_alpha) if split == SAMPLED
+        copies, alpha = ((self.sampling_copies, self.sampling_alpha) if training[split][1]
                          else (1, 0.0))
         written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
                                             self.datagen_seed, copies, alpha)
@@ -384,11 +474,14 @@ class TranslateProblem(abc.ABC):
       splits[split] = {"read": data.read, "kept": data.kept, "dropped": data.dropped,
                        "source": data.source, "files": names,
                        "bytes": [os.path.getsize(at(n)) for n in names]}
-      if split in TRAINING_SPLITS:
+      if split in training:
         splits[split]["store"] = store_lib.write([at(n) for n in names],
                                                  os.path.join(data_dir, folder),
                                                  f"{self.name}-{split}", vocab.size)
-    return {**manifest, "inputs": inputs, "settings": self._settings(),
+    corpora = {"corpora": [{"name": c["name"], "weight": c["weight"],
+                            "split": corpus_split("train", c, index)}
+                           for index, c in enumerate(self.corpora)]} if self.corpora else {}
+    return {**manifest, "inputs": inputs, "settings": self._settings(), **corpora,
             "vocab": {"file": os.path.basename(self.vocab_file(data_dir, manifest)),
                       "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
             "splits": splits}
@@ -396,7 +489,7 @@ class TranslateProblem(abc.ABC):
   @staticmethod
   def _stored(manifest: dict) -> list[str]:
     """The splits of `manifest` that have (or need) a store: the training splits."""
-    return [split for split in TRAINING_SPLITS if split in manifest["splits"]]
+    return [split for split in manifest["splits"] if is_training_split(split)]
 
   def _add_stores(self, data_dir: str, manifest: dict) -> dict:
     """Data made before the store, otherwise up to date: its training splits' stores are

@@ -19,7 +19,12 @@ from t2t_lite.errors import UsageError
 from t2t_lite.problems import store as store_lib
 from t2t_lite.problems import vocab as vocab_lib
 
-TRAINING_SPLITS = ("train", "train_sampled")
+TRAINING_SPLITS = ("train", "train_sampled")  # (of the own corpus; "<split>.<name>" of others)
+
+
+def is_training_split(split: str) -> bool:
+  """Whether `split` is a training split: of the problem's own corpus or another's."""
+  return split.partition(".")[0] in TRAINING_SPLITS
 
 
 class DataSnapshot:
@@ -53,6 +58,12 @@ class DataSnapshot:
   @property
   def splits(self) -> dict:
     return self.manifest["splits"]
+
+  @property
+  def corpora(self) -> list[dict]:
+    """The training corpora (name, weight, split of the one best), the own one first; [] for
+    data of one corpus."""
+    return self.manifest.get("corpora") or []
 
   @property
   def settings(self) -> dict:
@@ -120,7 +131,7 @@ class DataSnapshot:
     for the training splits (which of them a run reads is run_plan.training_splits's to
     say)."""
     for split in self.splits:
-      if split in TRAINING_SPLITS:
+      if is_training_split(split):
         self.store_info(split)  # (its shards too)
       elif split != "test":
         self.files(split)

@@ -1,0 +1,303 @@
+"""Several training corpora sampled by weight: datagen, the draw, the stream, resume."""
+
+import gzip
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import BIN, TINY_HPARAMS, cli, multi30k_dir, tiny_hparams
+from t2t_lite import corpora, registry, rundir
+from t2t_lite.errors import UsageError
+from t2t_lite.mixing import corpus_splits
+from t2t_lite.problems.base import parse_corpora
+from t2t_lite.stream import Batching, MixedStream, SplitPlan
+
+PROBLEM = registry.problem("translate_ende_multi30k")
+# Multi30k's first 3,000 pairs as its own corpus ("flickr"), pairs 20,000-20,999 as "other"
+# (folder), with 2 sampled segmentations of every pair.
+DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
+           "--subword_sampling_copies=2", "--subword_sampling_alpha=0.3", "--corpus=flickr:3")
+
+
+@pytest.fixture(scope="module")
+def mixed_data(tmp_path_factory) -> str:
+  root = tmp_path_factory.mktemp("mixed")
+  raw, other = root / "raw", root / "other"
+  raw.mkdir()
+  other.mkdir()
+  for split, keep in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
+    for lang in ("en", "de"):
+      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+      with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
+        f.writelines(lines[:keep])
+      if split == "train":
+        (other / f"train.{lang}").write_bytes(b"".join(lines[20000:21000]))
+  data_dir = str(root / "data")
+  result = cli("t2t-lite-datagen", *DATAGEN, f"--corpus=other:1:{other}",
+               f"--data_dir={data_dir}", f"--tmp_dir={raw}", check=True)
+  assert ("training corpora, by weight: flickr 3 (75.0% of the batches; 3000 pairs), other 1 "
+          "(25.0% of the batches; 1000 pairs)") in result.stdout, result.stdout
+  return data_dir
+
+
+def _stores(data_dir, kinds=("train",)):
+  snapshot = PROBLEM.snapshot(data_dir)
+  return [[snapshot.store(split) for split in corpus_splits(corpus, list(kinds))]
+          for corpus in snapshot.corpora]
+
+
+# --- datagen ----------------------------------------------------------------------------------
+def test_datagen_writes_each_corpus_with_its_weight_into_one_data_directory(mixed_data):
+  manifest = PROBLEM.manifest(mixed_data)
+  assert manifest["corpora"] == [
+      {"name": "flickr", "weight": 3.0, "split": "train"},
+      {"name": "other", "weight": 1.0, "split": "train.other"}]
+  splits = manifest["splits"]
+  assert sorted(splits) == ["dev", "test", "train", "train.other", "train_sampled",
+                            "train_sampled.other"]
+  assert (splits["train"]["kept"], splits["train.other"]["kept"]) == (3000, 1000)
+  assert len(PROBLEM.training_store(mixed_data, "train_sampled.other")) == 2000  # 2 copies
+  assert "other/train.de" in manifest["inputs"] and "train.de.gz" in manifest["inputs"]
+  # one vocabulary of both: the other corpus's pairs decode to its text
+  vocab = PROBLEM.get_vocab(mixed_data)
+  other = PROBLEM.training_store(mixed_data, "train.other")
+  with open(os.path.join(os.path.dirname(mixed_data), "other", "train.de"),
+            encoding="utf-8") as f:
+    lines = set(f.read().splitlines())
+  for index in (0, 1, 999):
+    ids = other.batch(np.array([index]))["targets"][0].tolist()
+    assert vocab.decode([i for i in ids if i > 1]).strip() in lines
+
+
+@pytest.mark.parametrize("entries, message", [
+    (["a:1"], "one corpus is the problem's own training split; add another"),
+    (["a"], "--corpus=a: write NAME:WEIGHT[:DIR]"),
+    (["A:1:/tmp"], "--corpus=A:1:/tmp: write NAME:WEIGHT[:DIR]"),
+    (["a:0:/tmp"], "a weight above 0"),
+    (["a:1:/tmp", "a:2"], "the name a is given twice"),
+    (["a:1", "b:2"], "a and b both name the problem's own training split"),
+    (["main:1:/tmp"], "main names the problem's own training split"),
+    (["a:1:/no/such/dir"], "/no/such/dir is not a folder"),
+])
+def test_bad_corpus_entries_are_refused_in_one_line(entries, message):
+  with pytest.raises(UsageError) as err:
+    parse_corpora(entries)
+  assert message in str(err.value), str(err.value)
+
+
+def test_corpora_order_puts_the_problem_s_own_first(tmp_path):
+  got = parse_corpora([f"x:2:{tmp_path}", "own:0.5"])
+  assert [(c["name"], c["weight"], bool(c["dir"])) for c in got] == [
+      ("own", 0.5, False), ("x", 2.0, True)]
+  assert [c["name"] for c in parse_corpora([f"x:2:{tmp_path}"])] == ["main", "x"]
+
+
+def test_datagen_again_is_up_to_date_and_other_weights_are_not_replaced_unasked(mixed_data):
+  raw = os.path.join(os.path.dirname(mixed_data), "raw")
+  other = os.path.join(os.path.dirname(mixed_data), "other")
+  same = cli("t2t-lite-datagen", *DATAGEN, f"--corpus=other:1:{other}",
+             f"--data_dir={mixed_data}", f"--tmp_dir={raw}")
+  assert same.returncode == 0 and "up to date" in same.stdout, same.stderr[-2000:]
+  changed = cli("t2t-lite-datagen", *DATAGEN, f"--corpus=other:2:{other}",
+                f"--data_dir={mixed_data}", f"--tmp_dir={raw}")
+  assert changed.returncode == 2
+  assert "made from other inputs or settings (corpora" in changed.stderr.strip().splitlines()[-1]
+
+
+# --- the curriculum and the draw ------------------------------------------------------------
+@pytest.mark.parametrize("text, message", [
+    ("a", "'a' is not name:weight"),
+    ("a:x", "'a:x' is not name:weight"),
+    ("a:-1", "'a:-1' is not name:weight"),
+    ("a:1/a:2", "'a:2' is not name:weight"),
+    ("a:0/b:0", "gives every corpus weight 0"),
+    ("a:1;b:1", "'b:1' needs '@U'"),
+    ("a:1@5", "the first phase must hold from the start"),
+    ("a:1;b:1@5;a:1@5", "the updates must increase (5 after 5)"),
+])
+def test_bad_curricula_are_refused(text, message):
+  with pytest.raises(UsageError) as err:
+    corpora.parse(text)
+  assert message in str(err.value)
+
+
+def test_a_curriculum_holds_its_weights_from_the_update_after_each_phase_start():
+  given = [{"name": "general", "weight": 3.0}, {"name": "water", "weight": 1.0}]
+  own = corpora.Curriculum.of("", given)
+  assert own.phases == ((0, (0.75, 0.25)),)
+  plan = corpora.Curriculum.of("general:1/water:1;water:1@2000", given)
+  assert plan.weights_at(1) == plan.weights_at(2000) == (0.5, 0.5)
+  assert plan.weights_at(2001) == (0.0, 1.0)
+  assert plan.differ(1999, 2001) and not plan.differ(1, 2000) and not plan.differ(2001, 9000)
+  with pytest.raises(UsageError, match="the data has no corpus sea; its corpora are general, "
+                     "water"):
+    corpora.Curriculum.of("sea:1", given)
+
+
+@pytest.mark.parametrize("weights", [(0.75, 0.25), (0.2, 0.3, 0.5), (0.0, 1.0, 0.0)])
+def test_batch_corpora_follow_the_weights_over_many_batches(weights):
+  """20,000 batches: every corpus's share within 4 standard deviations of its weight; the
+  same draw again, and another seed draws otherwise."""
+  numbers = np.arange(20000)
+  chosen = corpora.batch_corpora(5, numbers, weights)
+  shares = np.bincount(chosen, minlength=len(weights)) / len(numbers)
+  for share, weight in zip(shares, weights):
+    assert abs(share - weight) <= 4 * np.sqrt(weight * (1 - weight) / len(numbers)), shares
+  np.testing.assert_array_equal(chosen, corpora.batch_corpora(5, numbers, weights))
+  if 0 < min(weights):
+    assert (chosen != corpora.batch_corpora(6, numbers, weights)).mean() > 0.3
+
+
+# --- the stream -----------------------------------------------------------------------------
+def test_the_mixed_stream_reads_each_corpus_in_its_planned_order_by_weight(mixed_data):
+  """400 micro-steps: the batches' corpora follow the weights (3:1, then 0:1 after update
+  300); each corpus's batches are its own plan's in turn; the tokens counted are the
+  target tokens read."""
+  stores = _stores(mixed_data)
+  batching = Batching.of(tiny_hparams())
+  curriculum = corpora.Curriculum.of("flickr:3/other:1;other:1@300",
+                                     PROBLEM.snapshot(mixed_data).corpora)
+  stream = MixedStream(stores, curriculum, batching, 7, replicas=1, local_replicas=[0])
+  plans = [SplitPlan(s[0].lengths, batching, 7, 2 * index) for index, s in enumerate(stores)]
+  seen, tokens = [0, 0], np.zeros(2, np.int64)
+  for micro_step in range(400):
+    update = micro_step + 1
+    batch = stream.micro_batches(micro_step, -1, update)[0]
+    corpus = int(corpora.batch_corpora(7, [micro_step], curriculum.weights_at(update))[0])
+    expected = stores[corpus][0].batch(*plans[corpus].batch(seen[corpus]))
+    np.testing.assert_array_equal(batch["targets"], expected["targets"])
+    seen[corpus] += 1
+    tokens[corpus] += int((batch["targets"] > 0).sum())
+    assert update <= 300 or corpus == 1
+  assert stream.taken[:, 0].tolist() == seen and stream.taken[:, 1].tolist() == [0, 0]
+  np.testing.assert_array_equal(stream.tokens, tokens)
+  share = seen[0] / (seen[0] + seen[1] - 100)  # of the first 300
+  assert abs(share - 0.75) <= 4 * np.sqrt(0.75 * 0.25 / 300), seen
+  stream.close()
+
+
+def test_replicas_and_a_resumed_stream_read_what_one_unbroken_stream_reads(mixed_data):
+  """Two replicas' halves interleave into the one-replica stream; a stream resumed from the
+  position of another at micro-step 9 goes on with the same batches; after `sampled_from`
+  every corpus reads its sampled segmentations, counted per corpus and segmentation."""
+  stores = _stores(mixed_data, ("train", "train_sampled"))
+  batching = Batching.of(tiny_hparams())
+  curriculum = corpora.Curriculum.of("flickr:1/other:1;other:1@4",
+                                     PROBLEM.snapshot(mixed_data).corpora)
+  one = MixedStream(stores, curriculum, batching, 3, replicas=1, local_replicas=[0])
+  halves = [MixedStream(stores, curriculum, batching, 3, replicas=2, local_replicas=[r])
+            for r in (0, 1)]
+  sampled_from = 8  # batch 8 on: sampled
+  for micro_step in range(5):  # 2 replicas x n=1: update m + 1 is batches 2m and 2m + 1
+    update = micro_step + 1
+    expected = [one.micro_batches(2 * micro_step + r, sampled_from, update)[0] for r in (0, 1)]
+    for replica, half in enumerate(halves):
+      got = half.micro_batches(micro_step, sampled_from, update)[0]
+      np.testing.assert_array_equal(got["targets"], expected[replica]["targets"])
+  assert int(one.taken[:, 1].sum()) == 2 and int(one.taken.sum()) == 10
+  np.testing.assert_array_equal(halves[0].taken, one.taken)
+  np.testing.assert_array_equal(halves[1].tokens, one.tokens)
+  resumed = MixedStream(stores, curriculum, batching, 3, replicas=1, local_replicas=[0])
+  resumed.resume(10, one.taken, one.tokens)
+  for micro_step in range(10, 14):
+    update = micro_step // 2 + 1
+    np.testing.assert_array_equal(
+        resumed.micro_batches(micro_step, sampled_from, update)[0]["targets"],
+        one.micro_batches(micro_step, sampled_from, update)[0]["targets"])
+  with pytest.raises(UsageError, match="the checkpoint's corpus positions count 14 batches, "
+                     "its micro-step counter 12"):
+    resumed.resume(12, one.taken, one.tokens)
+  for stream in (one, resumed, *halves):
+    stream.close()
+
+
+# --- training -------------------------------------------------------------------------------
+# n=2 on one replica; the sampled segmentations from update 3, the weights 3:1 (datagen's)
+# until update 2, then 1:3.
+MIXED_FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
+               f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
+               "subword_sampling_start=2,corpus_weights=flickr:3/other:1;flickr:1/other:3@2",
+               "--save_checkpoints_steps=1", "--keep_checkpoint_max=2", "--log_every=1",
+               "--local_eval_frequency=0", "--random_seed=5", "--train_steps=5"]
+
+
+def _checkpoint(output_dir):
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
+  names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint(output_dir))]
+  return {n: reader.get_tensor(n) for n in names
+          if n.startswith(("model/", "corpus_")) and n.endswith("VARIABLE_VALUE")}
+
+
+def test_a_run_killed_before_a_weight_change_and_moved_to_two_replicas_ends_as_unbroken(
+    mixed_data, tmp_path):
+  """Killed mid-update before the weights change, resumed, stopped after the change and
+  resumed on 2 mirrored replicas (n=1): the weights end where an unbroken run's do, and every
+  corpus's position and tokens are the same integers."""
+  straight = str(tmp_path / "straight")
+  log = open(tmp_path / "straight.log", "w")
+  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *MIXED_FLAGS,
+                               f"--data_dir={mixed_data}", f"--output_dir={straight}"],
+                              stdout=subprocess.DEVNULL, stderr=log)
+  broken = str(tmp_path / "broken")
+  run = [*MIXED_FLAGS, f"--data_dir={mixed_data}", f"--output_dir={broken}"]
+  killed = cli("t2t-lite-trainer", *run, env={"T2T_LITE_FAULT": "micro:3"})
+  assert killed.returncode == -9, killed.stderr[-2000:]  # mid update 2; saved: update 1
+  stopped = cli("t2t-lite-trainer", *run, env={"T2T_LITE_FAULT": "signal:6"})
+  assert stopped.returncode == 0, stopped.stderr[-2000:]
+  assert "resumed from" in stopped.stderr and "(update 3, micro-step 6)" in stopped.stderr
+  moved = cli("t2t-lite-trainer", *run, "--strategy=mirrored", "--cpu_replicas=2",
+              "--hparams=optimizer_multistep_accumulate_steps=1")
+  assert moved.returncode == 0, moved.stderr[-3000:]
+  assert "resumed on another layout" in moved.stderr
+  assert unbroken.wait(timeout=180) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+  log.close()
+  text = (tmp_path / "straight.log").read_text()
+  assert "corpora, updates 1-2: flickr 75.0%, other 25.0% of the batches" in text
+  assert "corpora, updates 3 on: flickr 25.0%, other 75.0% of the batches" in text
+  expected, got = _checkpoint(straight), _checkpoint(broken)
+  assert expected.keys() == got.keys()
+  batches = expected["corpus_batches/.ATTRIBUTES/VARIABLE_VALUE"]
+  assert int(batches.sum()) == 10 and int(batches[:, 1].sum()) == 6  # 4 one best, 6 sampled
+  for name in ("corpus_batches/.ATTRIBUTES/VARIABLE_VALUE",
+               "corpus_tokens/.ATTRIBUTES/VARIABLE_VALUE"):
+    np.testing.assert_array_equal(got[name], expected[name])
+  worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
+  assert worst <= 1e-5, worst
+  last = [line for line in moved.stderr.splitlines() if "over the run:" in line][-1]
+  tokens = expected["corpus_tokens/.ATTRIBUTES/VARIABLE_VALUE"].tolist()
+  assert last.endswith(f"over the run: flickr {tokens[0]:,}, other {tokens[1]:,}"), last
+  from test_train import _scalars
+  assert _scalars(os.path.join(straight, "train"))["corpus/other/tokens"][-1] == (5, tokens[1])
+
+
+def test_corpus_weights_are_refused_where_they_cannot_be_read(multi30k_data, mixed_data,
+                                                             tmp_path):
+  one = cli("t2t-lite-trainer", *MIXED_FLAGS, f"--data_dir={multi30k_data}",
+            f"--output_dir={tmp_path / 'one'}")
+  assert one.returncode == 2
+  assert one.stderr.strip().splitlines()[-1].endswith(
+      "holds one training corpus; make data of several with t2t-lite-datagen --corpus, or "
+      "drop corpus_weights")
+  unknown = cli("t2t-lite-trainer", *MIXED_FLAGS[:2],
+                f"--hparams={TINY_HPARAMS},corpus_weights=flickr:1/sea:2",
+                *MIXED_FLAGS[3:], f"--data_dir={mixed_data}", f"--output_dir={tmp_path / 'u'}")
+  assert unknown.returncode == 2
+  assert unknown.stderr.strip().splitlines()[-1] == (
+      "t2t-lite-trainer: error: corpus_weights: the data has no corpus sea; its corpora are "
+      "flickr, other")
+
+
+def test_a_run_resumes_only_on_its_own_corpora(mixed_data):
+  snapshot = PROBLEM.snapshot(mixed_data)
+  meta = {"data": dict(rundir.data_record(snapshot),
+                       corpora=[{"name": "flickr", "weight": 1.0}])}
+  with pytest.raises(UsageError, match="run was trained on the corpora flickr, but .* holds "
+                     "the corpora flickr, other; resume it on the data it was trained on"):
+    rundir.check_training_data(meta, snapshot, "run")
+  assert rundir.data_record(snapshot)["corpora"] == [{"name": "flickr", "weight": 3.0},
+                                                     {"name": "other", "weight": 1.0}]
