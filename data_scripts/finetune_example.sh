@@ -4,7 +4,8 @@
 # a vocabulary made for them, its rows started three ways; then the two corpora mixed by
 # weight. Usage: finetune_example.sh RAW_DIR WORK_DIR [STAGE...]
 # RAW_DIR: Multi30k's raw .gz files (data_scripts/get_multi30k.sh); stages: slice base
-# finetune mixed score (default: all, in that order). BASE_STEPS, TUNE_STEPS set the lengths.
+# finetune mixed score (default: all, in that order). BASE_STEPS, TUNE_STEPS, SCRATCH_STEPS
+# set the lengths of the base run, the fine-tuning runs and a run on the slice alone.
 set -euo pipefail
 raw_dir=$1
 work=$2
@@ -12,6 +13,7 @@ shift 2
 stages=${*:-slice base finetune mixed score}
 base_steps=${BASE_STEPS:-1500}
 tune_steps=${TUNE_STEPS:-150}
+scratch_steps=${SCRATCH_STEPS:-600}
 words=water,ocean,beach,lake,river,pool,surf,surfer,surfing,wave,waves,boat,boats,swim,swimming,swims,swimmer
 here=$(dirname "$0")
 folder=(--problem=translate_folder --source_lang=en --target_lang=de)
@@ -44,7 +46,7 @@ for stage in $stages; do
       done
       t2t-lite-trainer --problem=translate_folder --data_dir="$work/data_water" \
         --output_dir="$work/scratch_water" --hparams_set=transformer_multi30k_cpu \
-        --train_steps="$base_steps" --save_checkpoints_steps=100 --keep_checkpoint_max=2 \
+        --train_steps="$scratch_steps" --save_checkpoints_steps=100 --keep_checkpoint_max=2 \
         --log_every=100 --local_eval_frequency=0
       ;;
     mixed)

@@ -11,6 +11,7 @@ from absl import logging
 from t2t_lite import stream as stream_lib
 from t2t_lite.corpora import HPARAM, Curriculum
 from t2t_lite.errors import UsageError
+from t2t_lite.problems.corpora import split_name
 
 BATCHES, TOKENS = "corpus_batches", "corpus_tokens"  # their names in the checkpoint
 
@@ -18,8 +19,7 @@ BATCHES, TOKENS = "corpus_batches", "corpus_tokens"  # their names in the checkp
 def corpus_splits(corpus: dict, kinds: list[str]) -> list[str]:
   """The split names of `corpus` (a manifest entry) for the training split kinds `kinds`
   ("train" and/or "train_sampled"): the problem's own corpus's are the kinds themselves."""
-  own = corpus["split"] == "train"
-  return [kind if own else f"{kind}.{corpus['name']}" for kind in kinds]
+  return [split_name(kind, corpus["name"], corpus["split"] == "train") for kind in kinds]
 
 
 def open_stream(snapshot, hparams, kinds: list[str], batching, seed: int, replicas: int,

@@ -72,7 +72,8 @@ def start(learner, vocab, hparams, path: str, source_vocab_file: str = "",
           with_optimizer: bool = False, named: str = "", rows: str = "pieces") -> dict | None:
   """Starts `learner` (of `hparams`, on `vocab`) from checkpoint `path` (`named`: what the
   user gave); `source_vocab_file`: the source's vocabulary when it differs from `vocab`,
-  whose rows are mapped by the rule `rows` (vocab_map.ROW_RULES). Returns the record of a vocabulary mapping (for the run's record), else None."""
+  whose rows are mapped by the rule `rows` (vocab_map.ROW_RULES). Returns the record of a
+  vocabulary mapping (for the run's record), else None."""
   folder = os.path.dirname(path) or "."
   recorded = rundir.read_meta(folder) is not None  # (a bare checkpoint prefix may have none)
   source_hparams, meta = rundir.model_from_run(folder) if recorded else (None, None)

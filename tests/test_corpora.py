@@ -1,7 +1,6 @@
 """Several training corpora sampled by weight: datagen, the draw, the stream, resume."""
 
 import gzip
-import json
 import os
 import subprocess
 
@@ -13,7 +12,7 @@ from conftest import BIN, TINY_HPARAMS, cli, multi30k_dir, tiny_hparams
 from t2t_lite import corpora, registry, rundir
 from t2t_lite.errors import UsageError
 from t2t_lite.mixing import corpus_splits
-from t2t_lite.problems.base import parse_corpora
+from t2t_lite.problems.corpora import parse as parse_corpora
 from t2t_lite.stream import Batching, MixedStream, SplitPlan
 
 PROBLEM = registry.problem("translate_ende_multi30k")

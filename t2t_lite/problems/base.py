@@ -35,15 +35,12 @@ from t2t_lite import files as files_lib
 from t2t_lite.errors import RunError, UsageError
 from t2t_lite.files import write_atomic
 from t2t_lite.problems import shards as shards_lib
+from t2t_lite.problems.corpora import SAMPLED, TrainingCorpora
 from t2t_lite.problems import store as store_lib
 from t2t_lite.problems.snapshot import DataSnapshot, is_training_split
 from t2t_lite.problems import vocab as vocab_lib
 
 SPLITS = ("train", "dev", "test")  # of the raw data
-OWN_CORPUS = "main"  # the name of the problem's own training corpus, unless --corpus names it
-# The training pairs again, each in `subword_sampling.copies` sampled segmentations (data
-# made with subword sampling; "train" holds their one best segmentation).
-SAMPLED = "train_sampled"  # (the second of snapshot.TRAINING_SPLITS)
 MANIFEST_VERSION = 2  # 2: training shards shuffled, vocabulary from a seeded sample
 
 
@@ -61,6 +58,21 @@ def _remove_stale_temporaries(data_dir: str, problem: str, current: str | None) 
     if found and name != current and os.path.isdir(path) and files_lib.stale(found.group(1)):
       shutil.rmtree(path)
       logging.info("removed %s, left by a datagen that was stopped", name)
+
+
+def _remove_data(data_dir: str, manifest: dict, vocab_name: str) -> None:
+  """The files of replaced data: its folder, or (data made before folders) the files its
+  manifest lists in data_dir itself (and its vocabulary, `vocab_name`)."""
+  if manifest["dir"]:
+    shutil.rmtree(os.path.join(data_dir, manifest["dir"]), ignore_errors=True)
+    return
+  names = [vocab_name] + [
+      name for split in manifest.get("splits", {}).values()
+      for name in split.get("files", []) + split.get("store", {}).get("files", [])]
+  for name in names:
+    path = os.path.join(data_dir, os.path.basename(name))
+    if os.path.isfile(path):
+      os.remove(path)
 
 
 class RawSplit:
@@ -140,59 +152,6 @@ def read_parallel(source_path: str, target_path: str) -> RawSplit:
   return RawSplit(pairs, source=f"{source_path} + {target_path}")
 
 
-def corpus_file(folder: str, lang: str) -> str:
-  """`folder`/train.`lang`, plain or gzip: a training corpus's file of one language."""
-  plain = os.path.join(folder, f"train.{lang}")
-  for path in (plain, plain + ".gz"):
-    if os.path.isfile(path):
-      return path
-  raise UsageError(f"missing corpus file train.{lang}: looked for {plain} and {plain}.gz")
-
-
-def parse_corpora(entries) -> list[dict]:
-  """The training corpora of --corpus entries NAME:WEIGHT[:DIR]: DIR holds the corpus's
-  train.<source_lang> and train.<target_lang> (plain or .gz); without DIR, the entry names
-  and weighs the problem's own training split (else named "main", of weight 1). The own
-  corpus comes first."""
-  corpora = []
-  for entry in entries:
-    name, _, rest = entry.partition(":")
-    weight_text, _, folder = rest.partition(":")
-    try:
-      weight = float(weight_text)
-    except ValueError:
-      weight = -1.0
-    from t2t_lite.corpora import NAME
-    if not NAME.match(name) or not weight > 0:
-      raise UsageError(f"--corpus={entry}: write NAME:WEIGHT[:DIR], a name of lowercase "
-                       "letters, digits, '_' and '-', a weight above 0, and the folder of its "
-                       "train.<lang> files (none: the problem's own training split)")
-    if any(c["name"] == name for c in corpora):
-      raise UsageError(f"--corpus: the name {name} is given twice; give each corpus its own")
-    if folder and not os.path.isdir(folder):
-      raise UsageError(f"--corpus={entry}: {folder} is not a folder")
-    corpora.append({"name": name, "weight": weight, "dir": folder})
-  own = [c for c in corpora if not c["dir"]]
-  if len(own) > 1:
-    raise UsageError(f"--corpus: {own[0]['name']} and {own[1]['name']} both name the problem's "
-                     "own training split (no DIR); give the other a folder")
-  if corpora and not own:
-    if any(c["name"] == OWN_CORPUS for c in corpora):
-      raise UsageError(f"--corpus: {OWN_CORPUS} names the problem's own training split; give "
-                       "the corpus of that folder another name")
-    own = [{"name": OWN_CORPUS, "weight": 1.0, "dir": ""}]
-  if corpora and len(corpora) + (0 if any(not c["dir"] for c in corpora) else 1) < 2:
-    raise UsageError("--corpus: one corpus is the problem's own training split; add another "
-                     "with --corpus=NAME:WEIGHT:DIR, or drop --corpus")
-  return own + [c for c in corpora if c["dir"]] if corpora else []
-
-
-def corpus_split(split: str, corpus: dict, index: int) -> str:
-  """The split name of `corpus` (the index-th) for training split kind `split` ("train" or
-  the sampled one): the own corpus's is the kind itself, another's "<kind>.<name>"."""
-  return split if index == 0 else f"{split}.{corpus['name']}"
-
-
 def file_sha256(path: str) -> str:
   digest = hashlib.sha256()
   with open(path, "rb") as f:
@@ -212,7 +171,7 @@ class TranslateProblem(abc.ABC):
   datagen_seed = 1  # of the vocabulary sample, the order of the training shards, sampling
   sampling_copies = 0  # subword sampling of the training split (configure)
   sampling_alpha = 0.0
-  corpora: list = []  # several training corpora (configure; none: the problem's own)
+  corpora = TrainingCorpora()  # several training corpora (configure; none: the own one)
 
   # --- what subclasses provide -------------------------------------------------------
   @abc.abstractmethod
@@ -229,9 +188,9 @@ class TranslateProblem(abc.ABC):
     """Datagen options: a vocabulary size other than the problem's (0: keep it), subword
     sampling of the training split (`sampling_copies` segmentations of every pair, drawn at
     `sampling_alpha`; 0 copies: the one best segmentation), more training corpora
-    (`corpora`: --corpus entries, see parse_corpora), and problem-specific ones (e.g.
+    (`corpora`: --corpus entries, see problems.corpora), and problem-specific ones (e.g.
     languages for a folder corpus)."""
-    self.corpora = parse_corpora(corpora)
+    self.corpora = TrainingCorpora(corpora)
     if vocab_size < 0:
       raise UsageError(f"--vocab_size={vocab_size} must be positive (0: the problem's default)")
     if vocab_size:
@@ -306,38 +265,17 @@ class TranslateProblem(abc.ABC):
                 "subword_sampling": ({"copies": self.sampling_copies,
                                       "alpha": self.sampling_alpha}
                                      if self.sampling_copies else None)}
-    if self.corpora:  # (absent for one corpus: data made before corpora stays up to date)
-      settings["corpora"] = [{"name": c["name"], "weight": c["weight"]} for c in self.corpora]
-    return settings
-
-  def _training_splits(self) -> dict[str, tuple[int, bool]]:
-    """The training splits datagen writes: name -> (its corpus's index, whether it holds
-    the sampled segmentations)."""
-    kinds = ("train",) + ((SAMPLED,) if self.sampling_copies else ())
-    return {corpus_split(kind, corpus, index): (index, kind == SAMPLED)
-            for index, corpus in enumerate(self.corpora or [{"name": OWN_CORPUS}])
-            for kind in kinds}
+    return settings | self.corpora.settings()
 
   def split_names(self) -> tuple[str, ...]:
     """The splits datagen writes: each corpus's training splits (the one best, and the
     sampled segmentations when it samples them), then dev and test."""
-    return tuple(self._training_splits()) + SPLITS[1:]
+    return tuple(self.corpora.training_splits(bool(self.sampling_copies))) + SPLITS[1:]
 
   def _inputs(self, tmp_dir: str) -> dict:
     """input_fingerprint, and the files of the other corpora."""
-    inputs = self.input_fingerprint(tmp_dir)
-    for corpus in self.corpora[1:]:
-      for lang in (self.source_lang, self.target_lang):
-        path = corpus_file(corpus["dir"], lang)
-        inputs[f"{corpus['name']}/{os.path.basename(path)}"] = file_sha256(path)
-    return inputs
-
-  def _raw_corpora(self, tmp_dir: str) -> list[RawSplit]:
-    """The training pairs of each corpus, the own one first."""
-    own = self.read_raw("train", tmp_dir)
-    return [own] + [read_parallel(corpus_file(c["dir"], self.source_lang),
-                                  corpus_file(c["dir"], self.target_lang))
-                    for c in self.corpora[1:]]
+    return self.input_fingerprint(tmp_dir) | self.corpora.inputs(self.source_lang,
+                                                                 self.target_lang)
 
   def _up_to_date(self, data_dir: str, inputs: dict) -> bool:
     old = self._read_manifest(data_dir)
@@ -417,13 +355,13 @@ class TranslateProblem(abc.ABC):
       for _ in raw[split]:
         pass
       self._check_read(split, raw[split])
-    raw["train"] = self._raw_corpora(tmp_dir)
+    raw["train"] = self.corpora.raw(self.read_raw("train", tmp_dir), self.source_lang,
+                                    self.target_lang)
     sample = vocab_lib.reservoir_sample(
         (sentence for corpus in raw["train"] for sentence in corpus.sentences()),
         vocab_lib.SAMPLE_SENTENCES, self.datagen_seed)
     for index, corpus in enumerate(raw["train"]):
-      self._check_read("train" if not index else f"train ({self.corpora[index]['name']})",
-                       corpus)
+      self._check_read(self.corpora.label(index), corpus)
     try:
       model_bytes = vocab_lib.train_sentencepiece(sample, self.vocab_size, self.datagen_seed)
     except vocab_lib.VocabSizeTooHigh as err:
@@ -442,7 +380,7 @@ class TranslateProblem(abc.ABC):
       shutil.rmtree(os.path.join(data_dir, folder), ignore_errors=True)
       raise
     if old is not None:
-      self._remove_data(data_dir, old)
+      _remove_data(data_dir, old, os.path.basename(self.vocab_file("", old)))
     manifest["skipped"] = False
     return formats.data_manifest(manifest)
 
@@ -453,7 +391,7 @@ class TranslateProblem(abc.ABC):
     write_atomic(self.vocab_file(data_dir, manifest), model_bytes)
     vocab = vocab_lib.SubwordVocab(self.vocab_file(data_dir, manifest))
     at = lambda name: os.path.join(data_dir, folder, name)  # noqa: E731
-    splits, training = {}, self._training_splits()
+    splits, training = {}, self.corpora.training_splits(bool(self.sampling_copies))
     for split in self.split_names():
       data = raw["train"][training[split][0]] if split in training else raw[split]
       expected = data.kept
@@ -478,10 +416,8 @@ class TranslateProblem(abc.ABC):
         splits[split]["store"] = store_lib.write([at(n) for n in names],
                                                  os.path.join(data_dir, folder),
                                                  f"{self.name}-{split}", vocab.size)
-    corpora = {"corpora": [{"name": c["name"], "weight": c["weight"],
-                            "split": corpus_split("train", c, index)}
-                           for index, c in enumerate(self.corpora)]} if self.corpora else {}
-    return {**manifest, "inputs": inputs, "settings": self._settings(), **corpora,
+    return {**manifest, "inputs": inputs, "settings": self._settings(),
+            **self.corpora.manifest(),
             "vocab": {"file": os.path.basename(self.vocab_file(data_dir, manifest)),
                       "size": vocab.size, "sha256": vocab_lib.sha256(model_bytes)},
             "splits": splits}
@@ -513,20 +449,6 @@ class TranslateProblem(abc.ABC):
     logging.info("%s: added the store of %s to the data in %s", self.name, ", ".join(added),
                  data_dir)
     return dict(formats.data_manifest(written), skipped=False, stores_added=added)
-
-  def _remove_data(self, data_dir: str, manifest: dict) -> None:
-    """The files of replaced data: its folder, or (data made before folders) the files its
-    manifest lists in data_dir itself."""
-    if manifest["dir"]:
-      shutil.rmtree(os.path.join(data_dir, manifest["dir"]), ignore_errors=True)
-      return
-    names = [self.vocab_file("", manifest)] + [
-        name for split in manifest.get("splits", {}).values()
-        for name in split.get("files", []) + split.get("store", {}).get("files", [])]
-    for name in names:
-      path = os.path.join(data_dir, os.path.basename(name))
-      if os.path.isfile(path):
-        os.remove(path)
 
   def _check_read(self, split: str, data: RawSplit) -> None:
     if not data.kept:
