@@ -38,3 +38,19 @@ def test_bleu_cli_takes_the_target_language(tmp_path):
   assert "tok:zh" in out.splitlines()[1]
   assert float(out.split("=")[1].split()[0]) == pytest.approx(metrics.bleu(HYPS, REFS,
                                                                            "zh").score, abs=0.01)
+
+
+def test_a_closed_output_pipe_ends_the_program_quietly(tmp_path):
+  """`t2t-lite-bleu ... | head -1`: a reader that leaves before the scores are written ends
+  the program without an error line (exit 141, as a program that SIGPIPE ended)."""
+  import subprocess
+  from conftest import BIN
+  hyp, ref = tmp_path / "hyp", tmp_path / "ref"
+  hyp.write_text("the cat sat on the mat today\n" * 3)
+  ref.write_text("the cat sat on the mat today\n" * 3)
+  command = f"{BIN}/t2t-lite-bleu --translation={hyp} --reference={ref} --metrics=bleu,chrf"
+  whole = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+  assert whole.returncode == 0 and whole.stdout.startswith("bleu = 100.00"), whole
+  closed = subprocess.run(["bash", "-c", f"set -o pipefail; {command} | true"],
+                          capture_output=True, text=True, timeout=60)
+  assert (closed.returncode, closed.stderr) == (141, ""), closed

@@ -63,6 +63,9 @@ def run(main, program: str) -> None:
       main()
     except (UsageError, RunError) as err:
       _fail(program, err)
+    except BrokenPipeError:  # what reads the output stopped (`| head`): end quietly
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      sys.exit(141)  # (128 + SIGPIPE, as a program killed by it)
     except OSError as err:
       _fail(program, RunError(f"{err}"))
     except KeyboardInterrupt:
