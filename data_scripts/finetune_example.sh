@@ -4,13 +4,14 @@
 # a vocabulary made for them, its rows started three ways; then the two corpora mixed by
 # weight. Usage: finetune_example.sh RAW_DIR WORK_DIR [STAGE...]
 # RAW_DIR: Multi30k's raw .gz files (data_scripts/get_multi30k.sh); stages: slice base
-# finetune mixed score (default: all, in that order). BASE_STEPS, TUNE_STEPS, SCRATCH_STEPS
-# set the lengths of the base run, the fine-tuning runs and a run on the slice alone.
+# finetune mixed weights score (default: all, in that order). BASE_STEPS, TUNE_STEPS, SCRATCH_STEPS
+# set the lengths of the base run, the fine-tuning runs and a run on the slice alone; RUNS
+# the runs that `score` decodes and scores (appended to WORK_DIR/scores.txt).
 set -euo pipefail
 raw_dir=$1
 work=$2
 shift 2
-stages=${*:-slice base finetune mixed score}
+stages=${*:-slice base finetune mixed weights score}
 base_steps=${BASE_STEPS:-1500}
 tune_steps=${TUNE_STEPS:-150}
 scratch_steps=${SCRATCH_STEPS:-600}
@@ -56,8 +57,17 @@ for stage in $stages; do
         --output_dir="$work/tuned_mixed" --warm_start_from="$work/base" \
         --hparams="$tune_hparams" "${tune_flags[@]}"
       ;;
+    weights)  # the same data, other weights: water alone; 1:1, then water alone
+      switch=$((tune_steps * 2 / 3))
+      for run in "water_only=water:1" "mixed_then_water=water:1/general:1;water:1@$switch"; do
+        t2t-lite-trainer --problem=translate_folder --data_dir="$work/data_mixed" \
+          --output_dir="$work/tuned_${run%%=*}" --warm_start_from="$work/base" \
+          --hparams="$tune_hparams,corpus_weights=${run#*=}" "${tune_flags[@]}"
+      done
+      ;;
     score)
-      for run in base tuned_pieces tuned_carried tuned_fresh scratch_water tuned_mixed; do
+      for run in ${RUNS:-base tuned_pieces tuned_carried tuned_fresh scratch_water tuned_mixed \
+                 tuned_water_only tuned_mixed_then_water}; do
         [ -d "$work/$run" ] || continue
         for domain in water general; do
           for split in dev test; do
@@ -65,11 +75,11 @@ for stage in $stages; do
             t2t-lite-decoder --output_dir="$work/$run" --decode_hparams="beam_size=4,alpha=1.4" \
               --decode_from_file="$work/raw_$domain/$split.en" --decode_to_file="$out" >/dev/null
             echo "$run $domain $split: $(t2t-lite-bleu --translation="$out" \
-              --reference="$work/raw_$domain/$split.de" | head -1)"
+              --reference="$work/raw_$domain/$split.de" | sed -n 1p)"
           done
         done
-      done | tee "$work/scores.txt"
+      done | tee -a "$work/scores.txt"
       ;;
-    *) echo "unknown stage $stage (slice base finetune mixed score)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (slice base finetune mixed weights score)" >&2; exit 2 ;;
   esac
 done

@@ -67,6 +67,36 @@ def sampled_data(tmp_path_factory) -> str:
   return data_dir
 
 
+@pytest.fixture(scope="session")
+def mixed_data(tmp_path_factory) -> str:
+  """Two training corpora (MIXED_DATAGEN): Multi30k en-de's first 3,000 pairs as its own
+  corpus, "flickr" (weight 3), and pairs 20,000-20,999 as "other" (weight 1, a folder:
+  root/other), with 2 sampled segmentations of every pair (dev and test: 200 lines; the raw
+  files in root/raw, the data in root/data)."""
+  import gzip
+  root = tmp_path_factory.mktemp("mixed")
+  raw, other = root / "raw", root / "other"
+  raw.mkdir()
+  other.mkdir()
+  for split, keep in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
+    for lang in ("en", "de"):
+      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+      with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
+        f.writelines(lines[:keep])
+      if split == "train":
+        (other / f"train.{lang}").write_bytes(b"".join(lines[20000:21000]))
+  data_dir = str(root / "data")
+  result = cli("t2t-lite-datagen", *MIXED_DATAGEN, f"--corpus=other:1:{other}",
+               f"--data_dir={data_dir}", f"--tmp_dir={raw}", check=True)
+  assert ("training corpora, by weight: flickr 3 (75.0% of the batches; 3000 pairs), other 1 "
+          "(25.0% of the batches; 1000 pairs)") in result.stdout, result.stdout
+  return data_dir
+
+
+MIXED_DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
+                 "--subword_sampling_copies=2", "--subword_sampling_alpha=0.3",
+                 "--corpus=flickr:3")
 SAMPLED_DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
                    "--subword_sampling_copies=2", "--subword_sampling_alpha=0.3")
 
@@ -196,7 +226,8 @@ def finish(workers):
 # and leaves the other process idle.
 # test_slurm.py first: much of it is waiting for Slurm, which the other process's tests fill.
 LONGEST_FIRST = ("test_slurm.py", "test_distribute.py", "test_schedule.py", "test_export.py",
-                 "test_model_selection.py", "test_reliability.py", "test_cluster.py",
+                 "test_model_selection.py", "test_reliability.py", "test_corpora.py",
+                 "test_cluster.py",
                  "test_multistep.py", "test_data.py", "test_train.py", "test_adaptation.py",
                  "test_decode.py", "test_workflow.py", "test_translate_all.py",
                  "test_run_record.py")

@@ -1,14 +1,11 @@
 """Several training corpora sampled by weight: datagen, the draw, the stream, resume."""
 
-import gzip
 import os
-import subprocess
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import BIN, TINY_HPARAMS, cli, multi30k_dir, tiny_hparams
+from conftest import MIXED_DATAGEN, cli, tiny_hparams
 from t2t_lite import corpora, registry, rundir
 from t2t_lite.errors import UsageError
 from t2t_lite.mixing import corpus_splits
@@ -16,32 +13,6 @@ from t2t_lite.problems.corpora import parse as parse_corpora
 from t2t_lite.stream import Batching, MixedStream, SplitPlan
 
 PROBLEM = registry.problem("translate_ende_multi30k")
-# Multi30k's first 3,000 pairs as its own corpus ("flickr"), pairs 20,000-20,999 as "other"
-# (folder), with 2 sampled segmentations of every pair.
-DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
-           "--subword_sampling_copies=2", "--subword_sampling_alpha=0.3", "--corpus=flickr:3")
-
-
-@pytest.fixture(scope="module")
-def mixed_data(tmp_path_factory) -> str:
-  root = tmp_path_factory.mktemp("mixed")
-  raw, other = root / "raw", root / "other"
-  raw.mkdir()
-  other.mkdir()
-  for split, keep in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
-    for lang in ("en", "de"):
-      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
-        lines = f.read().splitlines(keepends=True)
-      with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
-        f.writelines(lines[:keep])
-      if split == "train":
-        (other / f"train.{lang}").write_bytes(b"".join(lines[20000:21000]))
-  data_dir = str(root / "data")
-  result = cli("t2t-lite-datagen", *DATAGEN, f"--corpus=other:1:{other}",
-               f"--data_dir={data_dir}", f"--tmp_dir={raw}", check=True)
-  assert ("training corpora, by weight: flickr 3 (75.0% of the batches; 3000 pairs), other 1 "
-          "(25.0% of the batches; 1000 pairs)") in result.stdout, result.stdout
-  return data_dir
 
 
 def _stores(data_dir, kinds=("train",)):
@@ -99,10 +70,10 @@ def test_corpora_order_puts_the_problem_s_own_first(tmp_path):
 def test_datagen_again_is_up_to_date_and_other_weights_are_not_replaced_unasked(mixed_data):
   raw = os.path.join(os.path.dirname(mixed_data), "raw")
   other = os.path.join(os.path.dirname(mixed_data), "other")
-  same = cli("t2t-lite-datagen", *DATAGEN, f"--corpus=other:1:{other}",
+  same = cli("t2t-lite-datagen", *MIXED_DATAGEN, f"--corpus=other:1:{other}",
              f"--data_dir={mixed_data}", f"--tmp_dir={raw}")
   assert same.returncode == 0 and "up to date" in same.stdout, same.stderr[-2000:]
-  changed = cli("t2t-lite-datagen", *DATAGEN, f"--corpus=other:2:{other}",
+  changed = cli("t2t-lite-datagen", *MIXED_DATAGEN, f"--corpus=other:2:{other}",
                 f"--data_dir={mixed_data}", f"--tmp_dir={raw}")
   assert changed.returncode == 2
   assert "made from other inputs or settings (corpora" in changed.stderr.strip().splitlines()[-1]
@@ -215,80 +186,18 @@ def test_replicas_and_a_resumed_stream_read_what_one_unbroken_stream_reads(mixed
     stream.close()
 
 
-# --- training -------------------------------------------------------------------------------
-# n=2 on one replica; the sampled segmentations from update 3, the weights 3:1 (datagen's)
-# until update 2, then 1:3.
-MIXED_FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
-               f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
-               "subword_sampling_start=2,corpus_weights=flickr:3/other:1;flickr:1/other:3@2",
-               "--save_checkpoints_steps=1", "--keep_checkpoint_max=2", "--log_every=1",
-               "--local_eval_frequency=0", "--random_seed=5", "--train_steps=5"]
-
-
-def _checkpoint(output_dir):
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
-  names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint(output_dir))]
-  return {n: reader.get_tensor(n) for n in names
-          if n.startswith(("model/", "corpus_")) and n.endswith("VARIABLE_VALUE")}
-
-
-def test_a_run_killed_before_a_weight_change_and_moved_to_two_replicas_ends_as_unbroken(
-    mixed_data, tmp_path):
-  """Killed mid-update before the weights change, resumed, stopped after the change and
-  resumed on 2 mirrored replicas (n=1): the weights end where an unbroken run's do, and every
-  corpus's position and tokens are the same integers."""
-  straight = str(tmp_path / "straight")
-  log = open(tmp_path / "straight.log", "w")
-  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *MIXED_FLAGS,
-                               f"--data_dir={mixed_data}", f"--output_dir={straight}"],
-                              stdout=subprocess.DEVNULL, stderr=log)
-  broken = str(tmp_path / "broken")
-  run = [*MIXED_FLAGS, f"--data_dir={mixed_data}", f"--output_dir={broken}"]
-  killed = cli("t2t-lite-trainer", *run, env={"T2T_LITE_FAULT": "micro:3"})
-  assert killed.returncode == -9, killed.stderr[-2000:]  # mid update 2; saved: update 1
-  stopped = cli("t2t-lite-trainer", *run, env={"T2T_LITE_FAULT": "signal:6"})
-  assert stopped.returncode == 0, stopped.stderr[-2000:]
-  assert "resumed from" in stopped.stderr and "(update 3, micro-step 6)" in stopped.stderr
-  moved = cli("t2t-lite-trainer", *run, "--strategy=mirrored", "--cpu_replicas=2",
-              "--hparams=optimizer_multistep_accumulate_steps=1")
-  assert moved.returncode == 0, moved.stderr[-3000:]
-  assert "resumed on another layout" in moved.stderr
-  assert unbroken.wait(timeout=180) == 0, (tmp_path / "straight.log").read_text()[-3000:]
-  log.close()
-  text = (tmp_path / "straight.log").read_text()
-  assert "corpora, updates 1-2: flickr 75.0%, other 25.0% of the batches" in text
-  assert "corpora, updates 3 on: flickr 25.0%, other 75.0% of the batches" in text
-  expected, got = _checkpoint(straight), _checkpoint(broken)
-  assert expected.keys() == got.keys()
-  batches = expected["corpus_batches/.ATTRIBUTES/VARIABLE_VALUE"]
-  assert int(batches.sum()) == 10 and int(batches[:, 1].sum()) == 6  # 4 one best, 6 sampled
-  for name in ("corpus_batches/.ATTRIBUTES/VARIABLE_VALUE",
-               "corpus_tokens/.ATTRIBUTES/VARIABLE_VALUE"):
-    np.testing.assert_array_equal(got[name], expected[name])
-  worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
-  assert worst <= 1e-5, worst
-  last = [line for line in moved.stderr.splitlines() if "over the run:" in line][-1]
-  tokens = expected["corpus_tokens/.ATTRIBUTES/VARIABLE_VALUE"].tolist()
-  assert last.endswith(f"over the run: flickr {tokens[0]:,}, other {tokens[1]:,}"), last
-  from test_train import _scalars
-  assert _scalars(os.path.join(straight, "train"))["corpus/other/tokens"][-1] == (5, tokens[1])
-
-
-def test_corpus_weights_are_refused_where_they_cannot_be_read(multi30k_data, mixed_data,
-                                                             tmp_path):
-  one = cli("t2t-lite-trainer", *MIXED_FLAGS, f"--data_dir={multi30k_data}",
-            f"--output_dir={tmp_path / 'one'}")
-  assert one.returncode == 2
-  assert one.stderr.strip().splitlines()[-1].endswith(
-      "holds one training corpus; make data of several with t2t-lite-datagen --corpus, or "
-      "drop corpus_weights")
-  unknown = cli("t2t-lite-trainer", *MIXED_FLAGS[:2],
-                f"--hparams={TINY_HPARAMS},corpus_weights=flickr:1/sea:2",
-                *MIXED_FLAGS[3:], f"--data_dir={mixed_data}", f"--output_dir={tmp_path / 'u'}")
-  assert unknown.returncode == 2
-  assert unknown.stderr.strip().splitlines()[-1] == (
-      "t2t-lite-trainer: error: corpus_weights: the data has no corpus sea; its corpora are "
-      "flickr, other")
+# --- training (a run across a weight change, moved to two replicas: test_schedule.py) ------
+def test_corpus_weights_are_refused_where_they_cannot_be_read(multi30k_data, mixed_data):
+  from t2t_lite.mixing import open_stream
+  batching = Batching.of(tiny_hparams())
+  hparams = tiny_hparams(corpus_weights="flickr:1/other:1")
+  with pytest.raises(UsageError, match="holds one training corpus; make data of several with "
+                     "t2t-lite-datagen --corpus, or drop corpus_weights"):
+    open_stream(PROBLEM.snapshot(multi30k_data), hparams, ["train"], batching, 1, 1, [0], None)
+  hparams = tiny_hparams(corpus_weights="flickr:1/sea:2")
+  with pytest.raises(UsageError, match="the data has no corpus sea; its corpora are flickr, "
+                     "other"):
+    open_stream(PROBLEM.snapshot(mixed_data), hparams, ["train"], batching, 1, 1, [0], None)
 
 
 def test_a_run_resumes_only_on_its_own_corpora(mixed_data):

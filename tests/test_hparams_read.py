@@ -173,11 +173,13 @@ def test_every_hparam_is_read_or_refused(train_file):
   assert not ignored, f"accepted and ignored: {ignored}"
   # learning_rate_cooldown: refused unless the schedule has the factor that reads it;
   # dropout_ramp_start and _initial: refused unless dropout_ramp_end turns the ramp on;
-  # ema_reference_tokens: refused unless ema_decay turns the moving average on
+  # ema_reference_tokens: refused unless ema_decay turns the moving average on;
+  # corpus_weights: "x" is no curriculum, and a curriculum is refused on data of one corpus
+  # and read on data of several (tests/test_corpora.py)
   assert set(refusals) == {"model", "optimizer", "layer_preprocess_sequence",
                            "layer_postprocess_sequence", "learning_rate_cooldown",
                            "dropout_ramp_start", "dropout_ramp_initial",
-                           "ema_reference_tokens"}, refusals
+                           "ema_reference_tokens", "corpus_weights"}, refusals
   assert read_by["ema_decay"] == read_by["frozen_parts"] == "_optimizer"
   assert read_by["dropout_ramp_end"] == "_optimizer"
   assert read_by["max_consecutive_nonfinite"] == "_guard"

@@ -121,16 +121,23 @@ def test_schedule_is_exact_at_its_boundary_and_resumes_mid_phase(scheduled_run,
   assert model > 20 and sum(n.startswith("accumulator/gradients/") for n in names) == model
 
 
-# Dropout on: the masks follow the stream too; and the sampled segmentations from update 4,
-# the moved run's second update on two replicas (the stream's micro-batch 12 in both runs).
-ELASTIC = "layer_prepostprocess_dropout=0.1,subword_sampling_start=3"
+# Dropout on: the masks follow the stream too; the sampled segmentations from update 4, the
+# moved run's second update on two replicas (the stream's micro-batch 12 in both runs); two
+# corpora (tests/conftest.py mixed_data), weighed 3:1 for updates 1-2 and 1:3 after.
+ELASTIC = ("layer_prepostprocess_dropout=0.1,subword_sampling_start=3,"
+           "corpus_weights=flickr:3/other:1;flickr:1/other:3@2")
+CORPUS_STATE = ("corpus_batches/.ATTRIBUTES/VARIABLE_VALUE",
+                "corpus_tokens/.ATTRIBUTES/VARIABLE_VALUE")
 
 
-def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(sampled_data, tmp_path):
+def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(mixed_data, tmp_path):
   """1 replica with n=4 for 2 updates, then 2 replicas with n=2 for 2 more (stopped by a
   signal mid-update and resumed), equals 1 replica with n=4 for 4 updates, both switching to
-  the sampled segmentations at update 4. On the way, a mid-update checkpoint and other tokens
-  per update are refused with what to do, and what the first error says to do works."""
+  the sampled segmentations at update 4, and to other corpus weights at update 3: the same
+  weights, and every corpus's position and tokens the same integers. On the way, a mid-update
+  checkpoint and other tokens per update are refused with what to do, and what the first
+  error says to do works."""
+  sampled_data = mixed_data
   one = _hparams_flag(f"optimizer_multistep_accumulate_steps=4,{ELASTIC}")
   two = _hparams_flag(f"optimizer_multistep_accumulate_steps=2,{ELASTIC}")
   mirrored = ["--strategy=mirrored", "--cpu_replicas=2"]
@@ -166,6 +173,25 @@ def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(sampled_data, tmp
   assert "update 4: training reads the sampled segmentations from here on" in result.stderr
   assert "replicas: 2" in result.stdout and "ckpt-16" in result.stdout
   assert _worst_difference(_model_values(unmoved), _model_values(moved)) <= 1e-5
+  assert "corpora, updates 3 on: flickr 25.0%, other 75.0% of the batches" in result.stderr
+  expected, got = (_corpus_state(run) for run in (unmoved, moved))
+  assert int(expected[0].sum()) == 16 and int(expected[0][:, 1].sum()) == 4  # sampled: 12-15
+  for ours, theirs in zip(got, expected):
+    np.testing.assert_array_equal(ours, theirs)
+  tokens = expected[1].tolist()
+  last = [line for line in result.stderr.splitlines() if "over the run:" in line][-1]
+  assert last.endswith(f"over the run: flickr {tokens[0]:,}, other {tokens[1]:,}"), last
+  from test_train import _scalars
+  summaries = _scalars(os.path.join(moved, "train"))
+  assert summaries["corpus/other/tokens"][-1] == (4, tokens[1])
+  assert 0 < summaries["corpus/flickr/share"][-1][1] < 1
+
+
+def _corpus_state(output_dir):
+  """(batches read per corpus and segmentation, target tokens per corpus) in the newest
+  checkpoint."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
+  return tuple(reader.get_tensor(name) for name in CORPUS_STATE)
 
 
 def _files(directory):
