@@ -24,6 +24,7 @@ sentence pairs. (The stream itself is stream.MixedStream; this module needs no T
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -49,7 +50,8 @@ def parse(text: str) -> list[tuple[int, dict[str, float]]]:
         weight = float(value)
       except ValueError:
         weight = -1.0
-      if not colon or not NAME.match(name) or not weight >= 0 or name in weights:
+      if (not colon or not NAME.match(name) or not 0 <= weight < math.inf
+          or name in weights):
         raise UsageError(f"{HPARAM}={text!r}: '{entry.strip()}' is not name:weight (a weight "
                          "of 0 or more, each corpus once a phase); write phases like "
                          "'general:1/water:3;water:1@2000', separated by ';'")

@@ -146,7 +146,8 @@ def data_record(snapshot) -> dict:
   return record
 
 
-def check_training_data(meta: dict | None, snapshot, what: str) -> None:
+def check_training_data(meta: dict | None, snapshot, what: str, corpus_weights: str = "",
+                        allow_change: bool = False) -> None:
   """Refuses to continue a run on training records other than its own: with the same
   vocabulary, other subword sampling makes other records, and the resumed stream would not
   be the one the run was reading. (Runs recorded before sampling trained on one
@@ -162,6 +163,15 @@ def check_training_data(meta: dict | None, snapshot, what: str) -> None:
         f"{what} was trained on {said(names)}, but {snapshot.data_dir} holds "
         f"{said(now_names)}; resume it on the data it was trained on, or start a new run "
         "(--warm_start_from may start it from this one)")
+  weights = lambda corpora: "/".join(f"{c['name']}:{c['weight']:g}" for c in corpora)  # noqa
+  if (names and weights(recorded["corpora"]) != weights(snapshot.corpora)
+      and not corpus_weights.strip() and not allow_change):
+    raise UsageError(
+        f"{what} was trained with the corpus weights datagen recorded then, "
+        f"{weights(recorded['corpora'])}, but {snapshot.data_dir} now records "
+        f"{weights(snapshot.corpora)}; pass --hparams=corpus_weights="
+        f"{weights(recorded['corpora'])} --allow_hparams_change to go on with the run's, or "
+        "--allow_hparams_change alone to take the new ones")
   before = recorded.get("subword_sampling")
   now = snapshot.settings["subword_sampling"]
   if before != now:

@@ -251,8 +251,9 @@ class Trainer:
     from inside a compiled step (its state may be half written), not with several workers
     (a save is a collective they are not in), and with several replicas only between
     updates (their accumulators are replica-local)."""
-    if self._multi_worker or self.learner.in_step:
-      return err
+    if self._multi_worker or self.learner.in_step or (
+        self.corpora and self.corpora.stream.at != self.learner.host_micro_step()):
+      return err  # (the last: batches taken for a micro-step that did not run)
     cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
     cause = f"{type(err).__name__}{': ' + cause if cause else ''}"
     if not (self.stops.mid_update or self.learner.position() == 0):

@@ -152,7 +152,8 @@ def test_the_rows_rule_is_refused_where_no_rows_are_mapped(tiny_run, tmp_path):
              f"--output_dir={tmp_path / 'b'}", f"--warm_start_from={tiny_run['output_dir']}",
              "--warm_start_vocab_rows=fresh")
   assert same.returncode == 2 and same.stderr.strip().splitlines()[-1].endswith(
-      "was trained with this run's vocabulary, so no rows are mapped; drop it")
+      "was trained with this run's vocabulary (or records none), so no rows are mapped; "
+      "drop it")
 
 
 # --- frozen parts --------------------------------------------------------------------------

@@ -49,6 +49,7 @@ def test_datagen_writes_each_corpus_with_its_weight_into_one_data_directory(mixe
     (["a"], "--corpus=a: write NAME:WEIGHT[:DIR]"),
     (["A:1:/tmp"], "--corpus=A:1:/tmp: write NAME:WEIGHT[:DIR]"),
     (["a:0:/tmp"], "a weight above 0"),
+    (["a:inf:/tmp"], "a weight above 0"),
     (["a:1:/tmp", "a:2"], "the name a is given twice"),
     (["a:1", "b:2"], "a and b both name the problem's own training split"),
     (["main:1:/tmp"], "main names the problem's own training split"),
@@ -84,6 +85,7 @@ def test_datagen_again_is_up_to_date_and_other_weights_are_not_replaced_unasked(
     ("a", "'a' is not name:weight"),
     ("a:x", "'a:x' is not name:weight"),
     ("a:-1", "'a:-1' is not name:weight"),
+    ("a:inf", "'a:inf' is not name:weight"),
     ("a:1/a:2", "'a:2' is not name:weight"),
     ("a:0/b:0", "gives every corpus weight 0"),
     ("a:1;b:1", "'b:1' needs '@U'"),
@@ -209,3 +211,11 @@ def test_a_run_resumes_only_on_its_own_corpora(mixed_data):
     rundir.check_training_data(meta, snapshot, "run")
   assert rundir.data_record(snapshot)["corpora"] == [{"name": "flickr", "weight": 3.0},
                                                      {"name": "other", "weight": 1.0}]
+  # the same corpora, other weights in the data: refused unless the run says which to take
+  meta["data"]["corpora"] = [{"name": "flickr", "weight": 1.0}, {"name": "other", "weight": 1.0}]
+  with pytest.raises(UsageError, match="trained with the corpus weights datagen recorded then, "
+                     "flickr:1/other:1, but .* now records flickr:3/other:1; pass "
+                     "--hparams=corpus_weights=flickr:1/other:1 --allow_hparams_change"):
+    rundir.check_training_data(meta, snapshot, "run")
+  rundir.check_training_data(meta, snapshot, "run", corpus_weights="flickr:1/other:1")
+  rundir.check_training_data(meta, snapshot, "run", allow_change=True)

@@ -49,8 +49,11 @@ def test_a_closed_output_pipe_ends_the_program_quietly(tmp_path):
   hyp.write_text("the cat sat on the mat today\n" * 3)
   ref.write_text("the cat sat on the mat today\n" * 3)
   command = f"{BIN}/t2t-lite-bleu --translation={hyp} --reference={ref} --metrics=bleu,chrf"
-  whole = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+  import os
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered
+  whole = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
+                         env=env)
   assert whole.returncode == 0 and whole.stdout.startswith("bleu = 100.00"), whole
   closed = subprocess.run(["bash", "-c", f"set -o pipefail; {command} | true"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
   assert (closed.returncode, closed.stderr) == (141, ""), closed

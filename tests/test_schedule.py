@@ -184,7 +184,8 @@ def test_elastic_resume_on_two_replicas_equals_the_unmoved_run(mixed_data, tmp_p
   from test_train import _scalars
   summaries = _scalars(os.path.join(moved, "train"))
   assert summaries["corpus/other/tokens"][-1] == (4, tokens[1])
-  assert 0 < summaries["corpus/flickr/share"][-1][1] < 1
+  shares = [summaries[f"corpus/{name}/share"][-1] for name in ("flickr", "other")]
+  assert shares[0][0] == shares[1][0] == 4 and shares[0][1] + shares[1][1] == pytest.approx(1)
 
 
 def _corpus_state(output_dir):

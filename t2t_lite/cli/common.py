@@ -61,6 +61,7 @@ def run(main, program: str) -> None:
       logging.set_verbosity(logging.INFO)
     try:
       main()
+      sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
     except (UsageError, RunError) as err:
       _fail(program, err)
     except BrokenPipeError:  # what reads the output stopped (`| head`): end quietly

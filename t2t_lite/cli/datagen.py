@@ -55,7 +55,7 @@ def main() -> None:
   for split, info in manifest["splits"].items():
     dropped = ", ".join(f"{n} {why}" for why, n in info["dropped"].items()) or "none"
     copies = (f", {sampling['copies']} sampled segmentations each (alpha {sampling['alpha']:g})"
-              if sampling and split == SAMPLED else "")
+              if sampling and split.partition(".")[0] == SAMPLED else "")
     print(f"{problem.name} {split}: {info['read']} pairs read, {info['kept']} kept "
           f"(dropped: {dropped}){copies} -> {len(info['files'])} file(s)")
   if manifest.get("corpora"):

@@ -184,7 +184,8 @@ def _resolve():
     snapshot = problem.snapshot(data_dir)  # everything of the data comes from this read
     snapshot.check()
     rundir.check_data(previous, snapshot, FLAGS.output_dir)
-    rundir.check_training_data(previous, snapshot, FLAGS.output_dir)
+    rundir.check_training_data(previous, snapshot, FLAGS.output_dir, hparams.corpus_weights,
+                               FLAGS.allow_hparams_change)
   return problem, hparams, rundir.RunStart(snapshot, previous), hparams_set, data_dir, seed
 
 
@@ -196,7 +197,8 @@ def _source_vocab_file(start) -> str:
   if FLAGS.warm_start_from and start.snapshot and not found and FLAGS[
       "warm_start_vocab_rows"].present:
     raise UsageError(f"--warm_start_vocab_rows: --warm_start_from={FLAGS.warm_start_from} was "
-                     "trained with this run's vocabulary, so no rows are mapped; drop it")
+                     "trained with this run's vocabulary (or records none), so no rows are "
+                     "mapped; drop it")
   return found
 
 

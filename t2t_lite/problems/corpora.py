@@ -10,6 +10,7 @@ Training samples the corpora by weight (t2t_lite.corpora).
 
 from __future__ import annotations
 
+import math
 import os
 
 from t2t_lite.errors import UsageError
@@ -37,7 +38,7 @@ def _entry(text: str) -> dict:
     weight = float(weight_text)
   except ValueError:
     weight = -1.0
-  if not NAME.match(name) or not weight > 0:
+  if not NAME.match(name) or not 0 < weight < math.inf:
     raise UsageError(f"--corpus={text}: write NAME:WEIGHT[:DIR], a name of lowercase letters, "
                      "digits, '_' and '-', a weight above 0, and the folder of its "
                      "train.<lang> files (none: the problem's own training split)")
