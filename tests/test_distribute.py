@@ -58,20 +58,35 @@ def _finish(processes):
   return outputs
 
 
-def _flags(data_dir):
+CURRICULUM = "flickr:3/other:1;flickr:1/other:3@1"
+
+
+def _flags(data_dir, corpora=True):
   """On data with sampled segmentations, read from update 3 on (micro-step 4 at n = 2), with
-  a moving average of the weights."""
-  return [f"{flag},subword_sampling_start=2,ema_decay=0.9,ema_reference_tokens=3000"
+  a moving average of the weights; with `corpora`, of two corpora (conftest's mixed_data)
+  weighed 3:1 in update 1 and 1:3 after."""
+  weights = f",corpus_weights={CURRICULUM}" if corpora else ""
+  return [f"{flag},subword_sampling_start=2,ema_decay=0.9,ema_reference_tokens=3000{weights}"
           if flag.startswith("--hparams=") else flag
           for flag in NO_EVAL_FLAGS] + [f"--data_dir={data_dir}"]
 
 
+def _corpus_state(output_dir, name=None):
+  """The corpora's position and tokens in checkpoint `name` (default: the newest)."""
+  path = os.path.join(output_dir, name) if name else tf.train.latest_checkpoint(output_dir)
+  reader = tf.train.load_checkpoint(path)
+  return [reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+          for name in ("corpus_batches", "corpus_tokens")]
+
+
 @pytest.fixture(scope="module")
-def two_worker_run(sampled_data, tmp_path_factory):
+def two_worker_run(mixed_data, tmp_path_factory):
   """3 updates (n=2) by 2 worker processes over TF_CONFIG, saving after each (ckpt-4, 8 and
   12, named by the micro-batches of both), and 4 by one process with 2 mirrored replicas
   (saving after each too: the unbroken run of the moves below), run side by side; the third
-  update reads the sampled segmentations (see _flags)."""
+  update reads the sampled segmentations, the second on the corpora's other weights (see
+  _flags)."""
+  sampled_data = mixed_data
   root = tmp_path_factory.mktemp("two_workers")
   mirrored_dir, workers_dir = str(root / "mirrored"), str(root / "workers")
   flags = _flags(sampled_data)
@@ -107,6 +122,7 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   scale = max(np.abs(v).max() for v in mirrored.values())
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst
+  assert _corpus_state(workers_dir) == _corpus_state(two_worker_run["mirrored_dir"], "ckpt-12")
   written = sorted(os.listdir(workers_dir))
   assert {"ckpt-8.index", "ckpt-12.index", "hparams.json", "train"} <= set(written)
   assert "eval" not in written  # no evaluation asked for, no empty summaries
@@ -123,12 +139,16 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
 def _stream_examples(data_dir, batches):
   """The examples in the first `batches` micro-batches of _flags's training stream."""
   from conftest import tiny_hparams
-  from t2t_lite.stream import Batching, TrainingStream
-  problem = registry.problem("translate_ende_multi30k")
-  stores = [problem.training_store(data_dir, split) for split in ("train", "train_sampled")]
-  stream = TrainingStream(stores, Batching.of(tiny_hparams()), 7, 1, [0])
+  from t2t_lite.corpora import Curriculum
+  from t2t_lite.mixing import corpus_splits
+  from t2t_lite.stream import Batching, MixedStream
+  snapshot = registry.problem("translate_ende_multi30k").snapshot(data_dir)
+  stores = [[snapshot.store(split) for split in corpus_splits(c, ["train", "train_sampled"])]
+            for c in snapshot.corpora]
+  stream = MixedStream(stores, Curriculum.of(CURRICULUM, snapshot.corpora),
+                       Batching.of(tiny_hparams()), 7, 1, [0])
   for micro_step in range(batches):  # the sampled split from update 3: micro-batch 8
-    stream.micro_batches(micro_step, sampled_from=8)
+    stream.micro_batches(micro_step, sampled_from=8, update=micro_step // 4 + 1)
   stream.close()
   return stream.examples_read
 
@@ -164,7 +184,8 @@ def test_workers_that_differ_or_share_no_output_dir_are_refused(sampled_data,
   training with one line naming both; a worker whose --output_dir is not the chief's (no
   shared filesystem) likewise."""
   output_dir = str(tmp_path / "run")
-  flags = [flag for flag in _flags(sampled_data) if not flag.startswith("--data_dir")]
+  flags = [flag for flag in _flags(sampled_data, corpora=False)
+           if not flag.startswith("--data_dir")]
   other = {1: [f"--data_dir={multi30k_data}", "--train_steps=4"]}
   for worker in wait(start_workers([*flags, f"--output_dir={output_dir}"],
                                    flags_by_worker={0: [f"--data_dir={sampled_data}",
@@ -190,7 +211,7 @@ def test_workers_that_differ_or_share_no_output_dir_are_refused(sampled_data,
 
 
 def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1_process(
-    two_worker_run, sampled_data, tmp_path):
+    two_worker_run, mixed_data, tmp_path):
   """SIGTERM reaches worker 1 only (in update 1): both stop together after update 2 and
   save. Resumed, worker 1 is SIGKILLed in update 3: worker 0 exits with one line naming it,
   within 60 s. The run then moves, with the same tokens per update, to 4 workers (n = 1)
@@ -199,7 +220,7 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
   mirrored replicas never stopped or moved ends; each of the 4 workers read 1 of the
   update's 4 micro-batches."""
   output_dir = str(tmp_path / "run")
-  flags = [*_flags(sampled_data), "--train_steps=3", "--save_checkpoints_steps=1",
+  flags = [*_flags(mixed_data), "--train_steps=3", "--save_checkpoints_steps=1",
            f"--output_dir={output_dir}"]
   chief, other = finish(start_workers(flags, {1: {"T2T_LITE_FAULT": "signal:1"}}))
   for worker in (chief, other):
@@ -238,6 +259,7 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
   expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
   scale = max(float(np.abs(v).max()) for v in expected.values())
   assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5
+  assert _corpus_state(output_dir) == _corpus_state(two_worker_run["mirrored_dir"])
 
 
 def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch):
