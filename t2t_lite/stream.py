@@ -228,6 +228,7 @@ class MixedStream(TrainingStream):
     self.taken = np.zeros((len(corpora), 2), np.int64)  # batches read, by segmentation
     self.tokens = np.zeros(len(corpora), np.int64)  # target tokens read
     self.at = 0  # the micro-step the counts stand at
+    self._peeked = None  # ((micro-step, sampled_from, update), its _plan) read ahead
 
   def resume(self, micro_step: int, taken: np.ndarray, tokens: np.ndarray) -> None:
     """The position recorded in a checkpoint at `micro_step` (of this run's layout)."""
@@ -237,7 +238,7 @@ class MixedStream(TrainingStream):
                        f"its micro-step counter {micro_step * self.replicas}: it was not "
                        "written by this run; resume from another checkpoint")
     self.taken, self.tokens, self.at = taken.copy(), tokens.copy(), micro_step
-    self._ahead = None
+    self._ahead = self._peeked = None
 
   def _plan(self, micro_step: int, sampled_from: int, update: int, taken, tokens):
     """The keys of every replica's batch at `micro_step` from position (`taken`, `tokens`)
@@ -258,11 +259,18 @@ class MixedStream(TrainingStream):
   def _take(self, micro_step: int, sampled_from: int, update: int):
     if micro_step != self.at:
       raise RuntimeError(f"the mixed stream stands at micro-step {self.at}, not {micro_step}")
-    keys, *self._after = self._plan(micro_step, sampled_from, update, self.taken, self.tokens)
+    peeked = self._peeked  # (planned when it was read ahead, from this position)
+    if peeked is not None and peeked[0] == (micro_step, sampled_from, update):
+      keys, *self._after = peeked[1]
+    else:
+      keys, *self._after = self._plan(micro_step, sampled_from, update, self.taken,
+                                      self.tokens)
     return keys
 
   def _peek(self, micro_step: int, sampled_from: int, update: int):
-    return self._plan(micro_step, sampled_from, update, *self._after)[0]
+    planned = self._plan(micro_step, sampled_from, update, *self._after)
+    self._peeked = ((micro_step, sampled_from, update), planned)
+    return planned[0]
 
   def micro_batches(self, micro_step: int, sampled_from: int = -1, update: int = 1) -> list:
     """As TrainingStream's; the position moves past `micro_step` once its batches are read."""

@@ -43,6 +43,7 @@ from t2t_lite.evaluation import ChiefEvaluations, Evaluator
 from t2t_lite.learner import Learner
 from t2t_lite.run_plan import SAMPLED_FROM, RunPlan, training_splits
 from t2t_lite.steps import BatchPlan
+from t2t_lite.stream import Batching
 from t2t_lite.train_log import NonFiniteGuard, TrainLog, format_duration
 
 # The run's training time in seconds over all its processes, which --train_minutes budgets.
@@ -120,7 +121,6 @@ class Trainer:
   def _open_stream(self, splits: list[str]):
     """This process's replicas' batches of the one training stream (stream.TrainingStream;
     on data of several corpora a MixedStream, and self.corpora its CorpusMix)."""
-    from t2t_lite.stream import Batching
     self.replica_ids = distribute.local_replica_ids(self.strategy)
     stream, self.corpora = mixing.open_stream(
         self.start.snapshot, self.hparams, splits,

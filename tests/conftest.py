@@ -94,6 +94,16 @@ def mixed_data(tmp_path_factory) -> str:
   return data_dir
 
 
+def corpus_state(output_dir: str, name: str | None = None) -> list:
+  """[batches read per corpus and segmentation, target tokens per corpus] (nested lists) in
+  checkpoint `name` of `output_dir` (default: the newest)."""
+  import tensorflow as tf
+  path = os.path.join(output_dir, name) if name else tf.train.latest_checkpoint(output_dir)
+  reader = tf.train.load_checkpoint(path)
+  return [reader.get_tensor(f"{variable}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+          for variable in ("corpus_batches", "corpus_tokens")]
+
+
 MIXED_DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
                  "--subword_sampling_copies=2", "--subword_sampling_alpha=0.3",
                  "--corpus=flickr:3")

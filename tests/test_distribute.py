@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, NO_EVAL_FLAGS, REPO, cli, finish, free_ports, start_workers, wait
+from conftest import (BIN, NO_EVAL_FLAGS, REPO, cli, corpus_state, finish, free_ports,
+                      start_workers, wait)
 from t2t_lite import registry
 from t2t_lite.errors import UsageError
 from t2t_lite.steps import plan
@@ -71,14 +72,6 @@ def _flags(data_dir, corpora=True):
           for flag in NO_EVAL_FLAGS] + [f"--data_dir={data_dir}"]
 
 
-def _corpus_state(output_dir, name=None):
-  """The corpora's position and tokens in checkpoint `name` (default: the newest)."""
-  path = os.path.join(output_dir, name) if name else tf.train.latest_checkpoint(output_dir)
-  reader = tf.train.load_checkpoint(path)
-  return [reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE").tolist()
-          for name in ("corpus_batches", "corpus_tokens")]
-
-
 @pytest.fixture(scope="module")
 def two_worker_run(mixed_data, tmp_path_factory):
   """3 updates (n=2) by 2 worker processes over TF_CONFIG, saving after each (ckpt-4, 8 and
@@ -122,7 +115,7 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   scale = max(np.abs(v).max() for v in mirrored.values())
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale
   assert worst < 1e-5, worst
-  assert _corpus_state(workers_dir) == _corpus_state(two_worker_run["mirrored_dir"], "ckpt-12")
+  assert corpus_state(workers_dir) == corpus_state(two_worker_run["mirrored_dir"], "ckpt-12")
   written = sorted(os.listdir(workers_dir))
   assert {"ckpt-8.index", "ckpt-12.index", "hparams.json", "train"} <= set(written)
   assert "eval" not in written  # no evaluation asked for, no empty summaries
@@ -259,7 +252,7 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
   expected, got = _final_values(two_worker_run["mirrored_dir"]), _final_values(output_dir)
   scale = max(float(np.abs(v).max()) for v in expected.values())
   assert max(float(np.abs(expected[k] - got[k]).max()) for k in expected) / scale < 1e-5
-  assert _corpus_state(output_dir) == _corpus_state(two_worker_run["mirrored_dir"])
+  assert corpus_state(output_dir) == corpus_state(two_worker_run["mirrored_dir"])
 
 
 def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch):
