@@ -19,7 +19,7 @@ PERFORMANCE_DOC = os.path.join(REPO, "docs", "performance.md")
 
 
 def import_tf():
-  from t2t_lite.runtime import import_tensorflow
+  from t2t_lite.core.runtime import import_tensorflow
   return import_tensorflow()
 
 
@@ -71,7 +71,7 @@ def write_block(name: str, text: str, path: str = PERFORMANCE_DOC) -> bool:
   """Replaces what lies between `<!-- NAME: begin -->` and `<!-- NAME: end -->` in `path`
   (docs/performance.md) with `text`; False (and nothing written) when the markers are not
   there. Written to a temporary name and renamed."""
-  from t2t_lite.files import write_atomic
+  from t2t_lite.core.files import write_atomic
   begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
   try:
     with open(path, encoding="utf-8") as f:

@@ -4,7 +4,7 @@ t2t-lite's own search, its SavedModel and its CTranslate2 exports (float32, int8
     python -m benchmarks.decoding --run_dir=runs/multi30k_ende_avg [--sentences=200]
 
 Each engine decodes in a fresh process: the same test_2016_flickr sentences, beam 4, alpha
-0.6, batches of 64 sentences in length order; BLEU through t2t_lite.metrics. `make bench`
+0.6, batches of 64 sentences in length order; BLEU through t2t_lite.inference.metrics. `make bench`
 runs this after benchmarks/training.py (see benchmarks/run.py).
 """
 
@@ -30,19 +30,20 @@ def worker_cache(spec: dict) -> dict:
   the trained model of spec["run_dir"] or, without one, an untrained transformer_multi30k_cpu
   (which decodes to the length limit: slower, but the ratio is what this row shows)."""
   import_tf()
-  from t2t_lite import inference, registry
-  from t2t_lite.problems.base import read_lines
+  from t2t_lite.inference import translator
+  from t2t_lite.core import registry
+  from t2t_lite.data.text import read_lines
   if spec.get("run_dir"):
-    run = inference.load(spec["run_dir"])
+    run = translator.load(spec["run_dir"])
   else:
     hparams = registry.hparams("transformer_multi30k_cpu")
     problem = registry.problem("translate_ende_multi30k")
     vocab = problem.get_vocab(spec["data_dir"])
-    run = inference.RunModel(registry.model("transformer")(hparams, vocab.size), vocab, hparams,
+    run = translator.RunModel(registry.model("transformer")(hparams, vocab.size), vocab, hparams,
                              problem, None, spec["data_dir"])
   lines = read_lines(spec["source"])[:spec["sentences"]]
   sources = run.vocab.encode_batch(lines)
-  decoder = run.decoder(inference.DecodeOptions())
+  decoder = run.decoder(translator.DecodeOptions())
   results = {}
   for beam in (1, 4):
     for cached in (True, False):
@@ -56,17 +57,17 @@ def worker_cache(spec: dict) -> dict:
 
 
 def _tensorflow(spec, options):
-  from t2t_lite import inference
-  run = inference.load(spec["run_dir"])
+  from t2t_lite.inference import translator
+  run = translator.load(spec["run_dir"])
   return run.translator(options)
 
 
 def _ctranslate2(spec, options):
-  from t2t_lite import inference
-  from t2t_lite.export.ctranslate2_decoder import Ctranslate2Decoder
-  from t2t_lite.problems.vocab import SubwordVocab
+  from t2t_lite.inference import translator
+  from t2t_lite.inference.export.ctranslate2_decoder import Ctranslate2Decoder
+  from t2t_lite.data.vocab import SubwordVocab
   decoder = Ctranslate2Decoder(spec["export_dir"], options.extra_decode_length)
-  return inference.Translator(decoder, SubwordVocab(decoder.vocab_file), decoder.max_length,
+  return translator.Translator(decoder, SubwordVocab(decoder.vocab_file), decoder.max_length,
                               options)
 
 
@@ -75,9 +76,9 @@ def _saved_model(spec, options):
   export), in the batches the decoder would make (by subword length, batch_size sentences)."""
   import tensorflow as tf
   import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-  from t2t_lite.batching import decode_batches
-  from t2t_lite.export import VOCAB_FILE, read_info
-  from t2t_lite.problems.vocab import SubwordVocab
+  from t2t_lite.inference.batches import decode_batches
+  from t2t_lite.inference.export import VOCAB_FILE, read_info
+  from t2t_lite.data.vocab import SubwordVocab
   translate = tf.saved_model.load(spec["export_dir"]).signatures["serving_default"]
   vocab = SubwordVocab(os.path.join(spec["export_dir"], "assets", VOCAB_FILE))
   max_length = read_info(spec["export_dir"], "saved_model")["max_length"]
@@ -99,10 +100,10 @@ def worker_engine(spec: dict) -> dict:
   times = {"python_seconds": time.perf_counter() - START}
   mark = time.perf_counter()
   import_tf()
-  from t2t_lite import inference, metrics
-  from t2t_lite.problems.base import read_lines
+  from t2t_lite.inference import translator, metrics
+  from t2t_lite.data.text import read_lines
   times["import_seconds"] = time.perf_counter() - mark
-  options = inference.DecodeOptions(**OPTIONS)
+  options = translator.DecodeOptions(**OPTIONS)
   lines = [line.strip() for line in read_lines(spec["source"])]
   if spec.get("sentences"):
     lines = lines[:spec["sentences"]]

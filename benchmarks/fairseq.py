@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 
-from t2t_lite.files import write_atomic
+from t2t_lite.core.files import write_atomic
 
 HPARAMS_SET = "transformer_multi30k_cpu"
 # fairseq has one constant dropout: both programs train at 0.1 on the residual, attention and
@@ -52,7 +52,7 @@ CONSTANT_DROPOUT = ("layer_prepostprocess_dropout=0.1,dropout_ramp_initial=0.0,"
 
 def bench_hparams():
   """The hparams both programs train with: HPARAMS_SET at CONSTANT_DROPOUT."""
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   hparams = registry.hparams(HPARAMS_SET)
   hparams.parse(CONSTANT_DROPOUT)
   return hparams
@@ -75,10 +75,10 @@ def write_fairseq_text(data_dir: str, problem_name: str, work: str) -> dict:
   """Our training shards as fairseq's parallel text (space-separated sentencepiece pieces,
   without our end-of-sentence id: fairseq appends its own) and its dictionary (our pieces,
   our special ids left out). Returns the counts written."""
-  from t2t_lite import registry
-  from t2t_lite.data import parse_example
-  from t2t_lite.runtime import import_tensorflow
-  from t2t_lite.problems.vocab import EOS_ID, PAD_ID
+  from t2t_lite.core import registry
+  from t2t_lite.data.eval_input import parse_example
+  from t2t_lite.core.runtime import import_tensorflow
+  from t2t_lite.data.vocab import EOS_ID, PAD_ID
   import sentencepiece as spm
   tf = import_tensorflow()
   problem = registry.problem(problem_name)
@@ -112,7 +112,7 @@ def fairseq_train_args(bin_dir: str, data: str, updates: int, seed: int,
                        hparams) -> list[str]:
   """fairseq-train on binarized `data` with the model, loss, optimizer, peak learning rate,
   warmup and batch size of `hparams` (pre-norm, shared embeddings and softmax)."""
-  from t2t_lite.optimize import learning_rate
+  from t2t_lite.training.optimize import learning_rate
   peak = float(learning_rate(hparams, hparams.learning_rate_warmup_steps))
   h = hparams
   return [

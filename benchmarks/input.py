@@ -31,17 +31,17 @@ def reference_pipeline(files: list[str], hparams, seed: int):
   """The tf.data training input of before: every shard read in turn, a window shuffle, the
   length buckets; endless."""
   tf = import_tf()
-  from t2t_lite import data
+  from t2t_lite.data import eval_input
   dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
       tf.data.TFRecordDataset, cycle_length=len(files), block_length=1,
       num_parallel_calls=len(files), deterministic=True)
-  dataset = dataset.map(data.parse_example, num_parallel_calls=tf.data.AUTOTUNE,
+  dataset = dataset.map(eval_input.parse_example, num_parallel_calls=tf.data.AUTOTUNE,
                         deterministic=True)
   dataset = dataset.filter(lambda ex: tf.maximum(tf.shape(ex["inputs"])[0],
                                                  tf.shape(ex["targets"])[0])
                            <= hparams.max_length)
   dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed).repeat()
-  return data.batched(dataset, hparams.batch_size, hparams.max_length,
+  return eval_input.batched(dataset, hparams.batch_size, hparams.max_length,
                       hparams.min_length_bucket, hparams.length_bucket_step
                       ).prefetch(tf.data.AUTOTUNE)
 
@@ -57,7 +57,7 @@ def worker_before(spec: dict) -> dict:
   """The tf.data pipeline: examples/s and micro-batches/s of one replica's input, padding,
   and the bytes of its iterator in a checkpoint."""
   tf = import_tf()
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   hparams = registry.hparams(HPARAMS_SET)
   files = registry.problem(PROBLEM).data_files(spec["data_dir"], "train")
   iterator = iter(reference_pipeline(files, hparams, seed=1))
@@ -83,8 +83,8 @@ def worker_after(spec: dict) -> dict:
   """The planned stream: the same figures for one replica of `replicas` (each worker reads
   its own batches only), with the tensors the trainer makes of them."""
   tf = import_tf()
-  from t2t_lite import registry
-  from t2t_lite.stream import Batching, TrainingStream
+  from t2t_lite.core import registry
+  from t2t_lite.data.stream import Batching, TrainingStream
   hparams = registry.hparams(HPARAMS_SET)
   store = registry.problem(PROBLEM).training_store(spec["data_dir"], "train")
   start = time.perf_counter()
@@ -109,8 +109,8 @@ def worker_plan(spec: dict) -> dict:
   seconds to plan the first epoch and read its first batch's indices, and the memory the
   plan holds."""
   import numpy as np
-  from t2t_lite import registry
-  from t2t_lite.stream import Batching, SplitPlan
+  from t2t_lite.core import registry
+  from t2t_lite.data.stream import Batching, SplitPlan
   rng = np.random.default_rng(0)
   lengths = np.clip(rng.lognormal(3.3, 0.55, size=(spec["pairs"], 2)), 2, 400).astype(np.int32)
   before = peak_rss_mib()

@@ -52,8 +52,8 @@ class _TrainMeasure:
   """A Learner warmed up on synthetic batches, timing blocks of micro-steps on request."""
 
   def __init__(self, spec: dict):
-    from t2t_lite import registry
-    from t2t_lite.learner import Learner
+    from t2t_lite.core import registry
+    from t2t_lite.training.learner import Learner
     self.spec = spec
     hparams = registry.hparams(spec["hparams_set"])
     hparams.parse(spec.get("hparams", ""))
@@ -225,9 +225,11 @@ def worker_host_syncs(spec: dict) -> dict:
   """Device reads per update of the training loop (transformer_tiny on the problem's data):
   none between log lines is the target."""
   import_tf()
-  from t2t_lite import registry, steps
-  from t2t_lite.decide import Checkpointing, Evaluation
-  from t2t_lite.train import RunOptions, Trainer
+  from t2t_lite.core import registry
+  from t2t_lite.training import steps
+  from t2t_lite.training.options import Checkpointing, Evaluation
+  from t2t_lite.training.options import RunOptions
+  from t2t_lite.training.loop import Trainer
   import tempfile
   hparams = registry.hparams("transformer_tiny")
   hparams.parse(f"batch_size=512,max_length=64,optimizer_multistep_accumulate_steps={spec['n']}")
@@ -237,7 +239,7 @@ def worker_host_syncs(spec: dict) -> dict:
                          evaluation=Evaluation(frequency=0))
     reads, _ = host_reads_by_update(lambda hook: Trainer(
         hparams, registry.problem("translate_ende_multi30k"),
-        steps.plan(hparams, 1, spec.get("updates", 13)), options, after_update=hook))
+        steps.run_steps(hparams, 1, spec.get("updates", 13)), options, after_update=hook))
   return {"between_log_lines": sum(reads["between_log_lines"]) / len(reads["between_log_lines"]),
           "at_log_lines": sum(reads["log_lines"]) / len(reads["log_lines"])}
 
@@ -246,10 +248,10 @@ def worker_mirrored(spec: dict) -> dict:
   """2 logical CPU devices under MirroredStrategy: the update applied on each device (see
   equivalence.mirrored_against_single)."""
   import_tf()
-  from t2t_lite.distribute import split_cpu
+  from t2t_lite.cluster.distribute import split_cpu
   split_cpu(2)
-  from t2t_lite import registry
-  from t2t_lite.equivalence import mirrored_against_single
+  from t2t_lite.core import registry
+  from t2t_lite.training.equivalence import mirrored_against_single
   hparams = registry.hparams("transformer_tiny")
   hparams.parse("layer_prepostprocess_dropout=0,attention_dropout=0,relu_dropout=0,"
                 "learning_rate_schedule=constant,learning_rate_constant=1e-4")
@@ -260,9 +262,9 @@ def worker_keras(spec: dict) -> dict:
   """Keras 3 Adam(gradient_accumulation_steps=n) against ours, on ragged micro-batches."""
   tf = import_tf()
   import keras
-  from t2t_lite import registry
-  from t2t_lite.equivalence import concat, ragged_batches, relative_difference
-  from t2t_lite.learner import Learner
+  from t2t_lite.core import registry
+  from t2t_lite.training.equivalence import concat, ragged_batches, relative_difference
+  from t2t_lite.training.learner import Learner
   n, updates, lr, vocab = 4, 3, 1e-4, 60
   hparams = registry.hparams("transformer_tiny")
   hparams.parse(f"layer_prepostprocess_dropout=0,attention_dropout=0,relu_dropout=0,"
@@ -300,8 +302,8 @@ def worker_keras_speed(spec: dict) -> dict:
   """Throughput and peak memory of Keras's accumulation on the benchmark model."""
   tf = import_tf()
   import keras
-  from t2t_lite import registry
-  from t2t_lite.learner import Learner
+  from t2t_lite.core import registry
+  from t2t_lite.training.learner import Learner
   hparams = registry.hparams(spec["hparams_set"])
   n, rows, length, vocab = spec["n"], spec["rows"], spec["length"], 8000
   host = Learner(hparams, vocab, 1, seed=1)
@@ -335,7 +337,8 @@ def worker_cluster_member(spec: dict) -> dict:
   """One of two workers (TF_CONFIG set by worker_cluster): seconds per update at n=1 and the
   collective ops of its cross-replica sum, with the sums packed or one per tensor."""
   tf = import_tf()
-  from t2t_lite import learner as learner_lib, registry
+  from t2t_lite.training import learner as learner_lib
+  from t2t_lite.core import registry
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   hparams = registry.hparams(spec["hparams_set"])
   # Packs of at least 1 byte: every tensor its own all-reduce.

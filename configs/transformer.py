@@ -6,9 +6,9 @@ Values of the sets named after tensor2tensor's are those of tensor2tensor's
 replica and micro-step, as rows x max(source length, target length) with padding.
 """
 
-from t2t_lite.hparams import HParams
-from t2t_lite.hparams_check import COOLDOWN, EMA_REFERENCE_TOKENS
-from t2t_lite.registry import register_hparams
+from t2t_lite.core.hparams import HParams
+from t2t_lite.core.hparams_check import COOLDOWN, EMA_REFERENCE_TOKENS
+from t2t_lite.core.registry import register_hparams
 
 
 def basic_params() -> HParams:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import forkserver
 import pytest
 import tensorflow as tf
 
@@ -27,15 +28,28 @@ def multi30k_dir() -> str:
 
 
 def cli(name: str, *args: str, env: dict | None = None, timeout: int = 300,
-        check: bool = False) -> subprocess.CompletedProcess:
-  """Runs one of the installed command-line programs; returns the completed process."""
+        check: bool = False, fresh: bool = False) -> subprocess.CompletedProcess:
+  """Runs one of the installed command-line programs; returns the completed process. A
+  program of t2t-lite's is forked from a process with TensorFlow imported (tests/forkserver.py)
+  unless `fresh`: then it starts as its executable does, which a test of start-up needs."""
   full_env = dict(os.environ, **(env or {}))
-  result = subprocess.run([os.path.join(BIN, name), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+  argv = [os.path.join(BIN, name), *args]
+  if fresh or name not in forkserver.PROGRAMS:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env)
+  else:
+    result = forkserver.run(argv, env=full_env, timeout=timeout)
   if check and result.returncode != 0:
     raise AssertionError(f"{name} {' '.join(args)} exited {result.returncode}:\n"
                          f"{result.stdout}\n{result.stderr[-3000:]}")
   return result
+
+
+def popen(args, **kwargs):
+  """subprocess.Popen(args, **kwargs), forked from the fork server when args[0] is one of
+  t2t-lite's programs (see cli)."""
+  if os.path.basename(args[0]) in forkserver.PROGRAMS:
+    return forkserver.ForkedProcess(args, **kwargs)
+  return subprocess.Popen(args, **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +127,7 @@ SAMPLED_DATAGEN = ("--problem=translate_ende_multi30k", "--vocab_size=2000",
 
 def vocab_path(data_dir) -> str:
   """The vocabulary file of Multi30k en-de data in `data_dir`, as its manifest places it."""
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   return registry.problem("translate_ende_multi30k").vocab_file(str(data_dir))
 
 
@@ -124,7 +138,7 @@ TINY_HPARAMS = "batch_size=512,max_length=64,num_encoder_layers=1,num_decoder_la
 
 def tiny_hparams(**overrides):
   """transformer_tiny as TINY_HPARAMS sets it; pass dropout etc. as overrides."""
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   hparams = registry.hparams("transformer_tiny")
   hparams.parse(TINY_HPARAMS)
   for name, value in overrides.items():
@@ -170,8 +184,7 @@ class Worker:
   def __init__(self, args, env):
     import tempfile
     self.files = [tempfile.TemporaryFile("w+") for _ in range(2)]
-    self.process = subprocess.Popen(args, env=env, stdout=self.files[0],
-                                    stderr=self.files[1], text=True)
+    self.process = popen(args, env=env, stdout=self.files[0], stderr=self.files[1], text=True)
     self.ended = None
     self.out = self.err = ""
 

@@ -7,11 +7,11 @@ import json
 import sys
 
 sys.path.insert(0, sys.argv[1])  # the tests directory
-from t2t_lite.distribute import split_cpu  # noqa: E402
+from t2t_lite.cluster.distribute import split_cpu  # noqa: E402
 
 split_cpu(2)
 from conftest import tiny_hparams  # noqa: E402
-from t2t_lite.equivalence import average_on_three_layouts  # noqa: E402
+from t2t_lite.training.equivalence import average_on_three_layouts  # noqa: E402
 from test_multistep import VOCAB  # noqa: E402
 
 hparams = tiny_hparams(layer_prepostprocess_dropout=0.0, attention_dropout=0.0,

@@ -23,6 +23,6 @@ atexit.register(lambda: print(json.dumps(
     {"manifest": sum(n for name, n in opened.items() if name.endswith(".manifest.json")),
      "record": opened.get("hparams.json", 0)}), flush=True))
 sys.argv = ["t2t-lite-trainer", *sys.argv[1:]]
-from t2t_lite.cli import trainer  # noqa: E402  (after open is wrapped)
+from t2t_lite.cli import trainer  # noqa: E402  (after open is wrapped
 
 trainer.run()

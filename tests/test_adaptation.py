@@ -9,14 +9,16 @@ import pytest
 import tensorflow as tf
 
 from conftest import TINY_FLAGS, cli, tiny_hparams, vocab_path
-from t2t_lite import registry, vocab_map
-from t2t_lite.decide import Checkpointing, Evaluation
-from t2t_lite.equivalence import concat, ragged_batches, tensors_relative_difference
-from t2t_lite.errors import UsageError
-from t2t_lite.learner import Learner
-from t2t_lite.problems.vocab import SubwordVocab
-from t2t_lite.steps import plan
-from t2t_lite.train import RunOptions, Trainer
+from t2t_lite.core import registry
+from t2t_lite.adapting import vocab_map
+from t2t_lite.training.options import Checkpointing, Evaluation
+from t2t_lite.training.equivalence import concat, ragged_batches, tensors_relative_difference
+from t2t_lite.core.errors import UsageError
+from t2t_lite.training.learner import Learner
+from t2t_lite.data.vocab import SubwordVocab
+from t2t_lite.training.steps import run_steps
+from t2t_lite.training.options import RunOptions
+from t2t_lite.training.loop import Trainer
 
 VOCAB = 60
 
@@ -25,7 +27,8 @@ def _trainer(output_dir, data_dir, hparams, **options):
   run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
                    evaluation=Evaluation(frequency=0), log_every=1,
                    checkpointing=Checkpointing(save_steps=1000), **options)
-  return Trainer(hparams, registry.problem("translate_ende_multi30k"), plan(hparams, 1, 1), run)
+  return Trainer(hparams, registry.problem("translate_ende_multi30k"), run_steps(hparams, 1, 1),
+                 run)
 
 
 def _source(tiny_run):
@@ -39,7 +42,7 @@ def test_pieces_are_carried_by_string_composed_from_their_split_or_new(tiny_run,
                                                                      sampled_data):
   old = SubwordVocab(vocab_path(tiny_run["data_dir"]))   # 8,000 pieces
   new = SubwordVocab(vocab_path(sampled_data))            # 2,000, made on 3,000 pairs
-  mapping = vocab_map.plan(old, new)
+  mapping = vocab_map.mapping(old, new)
   counts = mapping.counts()
   assert sum(counts.values()) == new.size == 2000
   assert counts["carried"] > 1000 and counts["composed"] > 10, counts
@@ -77,17 +80,17 @@ def test_the_rules_without_composition_start_those_rows_fresh(tiny_run, sampled_
   fresh: every row does."""
   old = SubwordVocab(vocab_path(tiny_run["data_dir"]))
   new = SubwordVocab(vocab_path(sampled_data))
-  pieces = vocab_map.plan(old, new).counts()
-  carried = vocab_map.plan(old, new, "carried")
+  pieces = vocab_map.mapping(old, new).counts()
+  carried = vocab_map.mapping(old, new, "carried")
   assert carried.counts() == {"carried": pieces["carried"], "composed": 0,
                               "new": pieces["composed"] + pieces["new"]}
-  fresh = vocab_map.plan(old, new, "fresh")
+  fresh = vocab_map.mapping(old, new, "fresh")
   assert fresh.counts() == {"carried": 0, "composed": 0, "new": new.size}
   rng = np.random.RandomState(1)
   source, start = rng.normal(size=(old.size, 3)), rng.normal(size=(new.size, 3))
   np.testing.assert_array_equal(fresh.map_rows(source, start), start)
   with pytest.raises(ValueError, match="rows='mean': one of pieces, carried, fresh"):
-    vocab_map.plan(old, new, "mean")
+    vocab_map.mapping(old, new, "mean")
 
 
 def test_a_warm_start_onto_another_vocabulary_maps_rows_and_moments(tiny_run, sampled_data,
@@ -99,7 +102,7 @@ def test_a_warm_start_onto_another_vocabulary_maps_rows_and_moments(tiny_run, sa
                      warm_start_from=tiny_run["output_dir"], warm_start_optimizer=True,
                      warm_start_vocab=vocab_path(tiny_run["data_dir"]))
   assert trainer.restore() is False
-  mapping = vocab_map.plan(SubwordVocab(vocab_path(tiny_run["data_dir"])), trainer.vocab)
+  mapping = vocab_map.mapping(SubwordVocab(vocab_path(tiny_run["data_dir"])), trainer.vocab)
   assert trainer.warm_start_vocabulary == {"source_vocab_sha256": json.load(open(os.path.join(
       tiny_run["output_dir"], "hparams.json")))["data"]["vocab_sha256"], "rows": "pieces",
       **mapping.counts()}
@@ -207,7 +210,7 @@ def test_accumulation_stays_exact_with_frozen_parts():
     ("embeddings;encoder;decoder", "freezes the whole model; nothing would train"),
 ])
 def test_frozen_parts_that_do_not_exist_are_refused(spec, message):
-  from t2t_lite import hparams_check
+  from t2t_lite.core import hparams_check
   with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")
                      .replace(".", r"\.")):
     hparams_check.check(tiny_hparams(frozen_parts=spec))

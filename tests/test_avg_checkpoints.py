@@ -119,13 +119,15 @@ def test_every_reader_of_a_run_falls_back_to_its_checkpoints_without_a_state_fil
   """The `checkpoint` state file gone (a run copied without it, say): the decoder's and the
   exporter's newest checkpoint, warm start's and the averager's are the ckpt-N on disk, as
   the trainer's are (tests/test_run_record.py), not "no checkpoint"."""
-  from t2t_lite import checkpoints, inference
+  from t2t_lite.runs import checkpoints
+  from t2t_lite.adapting.warm_start import source_checkpoint
+  from t2t_lite.inference import translator
   from t2t_lite.cli import avg_checkpoints
   os.remove(os.path.join(run_copy, "checkpoint"))
   newest = os.path.join(run_copy, "ckpt-8")
   assert checkpoints.newest_first(run_copy) == [newest, os.path.join(run_copy, "ckpt-4")]
-  assert inference.newest_checkpoint(run_copy) == newest  # decoder, exporter, translate
-  assert checkpoints.warm_start_source(run_copy) == newest
+  assert translator.newest_checkpoint(run_copy) == newest  # decoder, exporter, translate
+  assert source_checkpoint(run_copy) == newest
   _, paths = avg_checkpoints.average(run_copy, 2, str(tmp_path / "avg"))
   assert [os.path.basename(p) for p in paths] == ["ckpt-4", "ckpt-8"]
 
@@ -133,8 +135,9 @@ def test_every_reader_of_a_run_falls_back_to_its_checkpoints_without_a_state_fil
 def test_checkpoints_the_state_file_lists_but_are_gone_are_not_offered(run_copy):
   """Deleted by hand, the state file's newest is skipped; with none left on disk, warm start
   says the folder holds no checkpoint (not TensorFlow's file-not-found)."""
-  from t2t_lite import checkpoints
-  from t2t_lite.errors import UsageError
+  from t2t_lite.runs import checkpoints
+  from t2t_lite.adapting.warm_start import source_checkpoint
+  from t2t_lite.core.errors import UsageError
   for name in os.listdir(run_copy):
     if name.startswith("ckpt-8."):
       os.remove(os.path.join(run_copy, name))
@@ -143,4 +146,4 @@ def test_checkpoints_the_state_file_lists_but_are_gone_are_not_offered(run_copy)
     if name.startswith("ckpt-4."):
       os.remove(os.path.join(run_copy, name))
   with pytest.raises(UsageError, match="holds no checkpoint"):
-    checkpoints.warm_start_source(run_copy)
+    source_checkpoint(run_copy)

@@ -60,7 +60,7 @@ def test_the_table_judges_the_moving_averages_cost_and_frozen_memory():
 
 
 def test_flop_count_of_a_batch():
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   hparams = registry.hparams("transformer_multi30k_cpu")
   flops = bench.matmul_flops_per_batch(hparams, 8000, 128, 32, 32)
   # about 6 x (non-embedding parameters + softmax) x tokens, plus attention

@@ -6,7 +6,7 @@ import pytest
 import sentencepiece as spm
 
 from benchmarks import fairseq as bench_fairseq
-from t2t_lite import hparams_check, registry
+from t2t_lite.core import hparams_check, registry
 
 # fairseq-train's own lines, as long as it writes them.
 FAIRSEQ_LOG = """\
@@ -38,7 +38,7 @@ def test_trainer_progress_lines_are_read(tiny_run):
 
 def test_training_shards_become_fairseq_text_with_our_pieces(multi30k_data, tmp_path):
   import tensorflow as tf
-  from t2t_lite.data import parse_example
+  from t2t_lite.data.eval_input import parse_example
   problem = registry.problem("translate_ende_multi30k")
   counts = bench_fairseq.write_fairseq_text(multi30k_data, problem.name, str(tmp_path))
   files = problem.data_files(multi30k_data, "train")

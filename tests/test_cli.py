@@ -7,7 +7,8 @@ from conftest import cli
 
 def test_dry_run_prints_the_step_arithmetic():
   result = cli("t2t-lite-trainer", "--hparams_set=transformer_base_fake_gpu8",
-               "--hparams=batch_size=2048", "--train_steps=100", "--dry_run", check=True)
+               "--hparams=batch_size=2048", "--train_steps=100", "--dry_run", check=True,
+               fresh=True)
   out = result.stdout
   assert "batch_size per replica and micro-step: 2048 tokens" in out
   assert "accumulate steps (micro-steps per update): 8" in out

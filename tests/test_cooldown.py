@@ -4,12 +4,14 @@ that a resumed run keeps that update."""
 import pytest
 
 from conftest import tiny_hparams
-from t2t_lite import budget, hparams_check, optimize, registry
-from t2t_lite.decide import (Agreed, Checkpointing, Evaluation, Progress, Schedule, Stopping,
-                             decide)
-from t2t_lite.errors import UsageError
-from t2t_lite.steps import AccumulateSchedule, plan
-from t2t_lite.train import RunOptions, Trainer
+from t2t_lite.training import budget, optimize
+from t2t_lite.core import hparams_check, registry
+from t2t_lite.training.decide import Agreed, Progress, Schedule, decide
+from t2t_lite.training.options import Checkpointing, Evaluation, Stopping
+from t2t_lite.core.errors import UsageError
+from t2t_lite.training.steps import AccumulateSchedule, run_steps
+from t2t_lite.training.options import RunOptions
+from t2t_lite.training.loop import Trainer
 from test_train import _scalars
 
 SCHEDULE = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size*linear_cooldown"
@@ -72,11 +74,11 @@ def test_budget_checks_are_due_every_interval_until_the_end_is_fixed():
   schedule = Schedule(train_steps=1000, log_every=0, cooldown_every=25)
   assert decide(Progress(tried=25, seen=24), Agreed(), schedule).read
   assert not decide(Progress(tried=26, seen=25), Agreed(), schedule).read
-  assert decide(Progress(tried=25, seen=24, applied=25), Agreed(), schedule).plan
+  assert decide(Progress(tried=25, seen=24, applied=25), Agreed(), schedule).project
   # not at a stop, and not for an update that was not applied
   assert not decide(Progress(tried=25, seen=24, applied=25), Agreed(out_of_time=True),
-                    schedule).plan
-  assert not decide(Progress(tried=25, seen=25, applied=25), Agreed(), schedule).plan
+                    schedule).project
+  assert not decide(Progress(tried=25, seen=25, applied=25), Agreed(), schedule).project
   fixed = Schedule(train_steps=1000, log_every=0)
   assert not decide(Progress(tried=25, seen=24), Agreed(), fixed).read
 
@@ -89,7 +91,7 @@ def _trainer(output_dir, data_dir, train_steps, minutes=0.0, **overrides):
                    checkpointing=Checkpointing(save_steps=0),
                    stopping=Stopping(train_minutes=minutes))
   problem = registry.problem("translate_ende_multi30k")
-  return Trainer(hparams, problem, plan(hparams, 1, train_steps), run), hparams
+  return Trainer(hparams, problem, run_steps(hparams, 1, train_steps), run), hparams
 
 
 def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k_data,
@@ -103,7 +105,8 @@ def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k
   trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2,
                               optimizer_multistep_accumulate_schedule=str(accumulate))
   first = trainer.train()
-  assert trainer.run_plan.pace.schedule == accumulate  # the projection counts the longer updates
+  # the projection counts the longer updates
+  assert trainer.milestones.run_end.pace.schedule == accumulate
   assert first["micro_steps"] == accumulate.micro_steps(first["updates"]), first
   end = int(trainer.learner.cooldown_end.numpy())
   assert 10 < end < 10 ** 5, first  # checks at updates 5 (the pace starts), 10, ...

@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 
 from conftest import MIXED_DATAGEN, cli, tiny_hparams
-from t2t_lite import corpora, registry, rundir
-from t2t_lite.errors import UsageError
-from t2t_lite.mixing import corpus_splits
-from t2t_lite.problems.corpora import parse as parse_corpora
-from t2t_lite.stream import Batching, MixedStream, SplitPlan
+from t2t_lite.data.curriculum import Curriculum, batch_corpora
+from t2t_lite.core import registry
+from t2t_lite.core.hparams_check import parse_corpus_weights
+from t2t_lite.runs import rundir
+from t2t_lite.core.errors import UsageError
+from t2t_lite.data.mixing import corpus_splits
+from t2t_lite.data.corpora import parse as parse_corpora
+from t2t_lite.data.stream import Batching, SplitPlan
+from t2t_lite.data.mixing import MixedStream
 
 PROBLEM = registry.problem("translate_ende_multi30k")
 
@@ -94,21 +98,21 @@ def test_datagen_again_is_up_to_date_and_other_weights_are_not_replaced_unasked(
 ])
 def test_bad_curricula_are_refused(text, message):
   with pytest.raises(UsageError) as err:
-    corpora.parse(text)
+    parse_corpus_weights(text)
   assert message in str(err.value)
 
 
 def test_a_curriculum_holds_its_weights_from_the_update_after_each_phase_start():
   given = [{"name": "general", "weight": 3.0}, {"name": "water", "weight": 1.0}]
-  own = corpora.Curriculum.of("", given)
+  own = Curriculum.of("", given)
   assert own.phases == ((0, (0.75, 0.25)),)
-  plan = corpora.Curriculum.of("general:1/water:1;water:1@2000", given)
+  plan = Curriculum.of("general:1/water:1;water:1@2000", given)
   assert plan.weights_at(1) == plan.weights_at(2000) == (0.5, 0.5)
   assert plan.weights_at(2001) == (0.0, 1.0)
   assert plan.differ(1999, 2001) and not plan.differ(1, 2000) and not plan.differ(2001, 9000)
   with pytest.raises(UsageError, match="the data has no corpus sea; its corpora are general, "
                      "water"):
-    corpora.Curriculum.of("sea:1", given)
+    Curriculum.of("sea:1", given)
 
 
 @pytest.mark.parametrize("weights", [(0.75, 0.25), (0.2, 0.3, 0.5), (0.0, 1.0, 0.0)])
@@ -116,13 +120,13 @@ def test_batch_corpora_follow_the_weights_over_many_batches(weights):
   """20,000 batches: every corpus's share within 4 standard deviations of its weight; the
   same draw again, and another seed draws otherwise."""
   numbers = np.arange(20000)
-  chosen = corpora.batch_corpora(5, numbers, weights)
+  chosen = batch_corpora(5, numbers, weights)
   shares = np.bincount(chosen, minlength=len(weights)) / len(numbers)
   for share, weight in zip(shares, weights):
     assert abs(share - weight) <= 4 * np.sqrt(weight * (1 - weight) / len(numbers)), shares
-  np.testing.assert_array_equal(chosen, corpora.batch_corpora(5, numbers, weights))
+  np.testing.assert_array_equal(chosen, batch_corpora(5, numbers, weights))
   if 0 < min(weights):
-    assert (chosen != corpora.batch_corpora(6, numbers, weights)).mean() > 0.3
+    assert (chosen != batch_corpora(6, numbers, weights)).mean() > 0.3
 
 
 # --- the stream -----------------------------------------------------------------------------
@@ -132,7 +136,7 @@ def test_the_mixed_stream_reads_each_corpus_in_its_planned_order_by_weight(mixed
   target tokens read."""
   stores = _stores(mixed_data)
   batching = Batching.of(tiny_hparams())
-  curriculum = corpora.Curriculum.of("flickr:3/other:1;other:1@300",
+  curriculum = Curriculum.of("flickr:3/other:1;other:1@300",
                                      PROBLEM.snapshot(mixed_data).corpora)
   stream = MixedStream(stores, curriculum, batching, 7, replicas=1, local_replicas=[0])
   plans = [SplitPlan(s[0].lengths, batching, 7, 2 * index) for index, s in enumerate(stores)]
@@ -140,7 +144,7 @@ def test_the_mixed_stream_reads_each_corpus_in_its_planned_order_by_weight(mixed
   for micro_step in range(400):
     update = micro_step + 1
     batch = stream.micro_batches(micro_step, -1, update)[0]
-    corpus = int(corpora.batch_corpora(7, [micro_step], curriculum.weights_at(update))[0])
+    corpus = int(batch_corpora(7, [micro_step], curriculum.weights_at(update))[0])
     expected = stores[corpus][0].batch(*plans[corpus].batch(seen[corpus]))
     np.testing.assert_array_equal(batch["targets"], expected["targets"])
     seen[corpus] += 1
@@ -159,7 +163,7 @@ def test_replicas_and_a_resumed_stream_read_what_one_unbroken_stream_reads(mixed
   every corpus reads its sampled segmentations, counted per corpus and segmentation."""
   stores = _stores(mixed_data, ("train", "train_sampled"))
   batching = Batching.of(tiny_hparams())
-  curriculum = corpora.Curriculum.of("flickr:1/other:1;other:1@4",
+  curriculum = Curriculum.of("flickr:1/other:1;other:1@4",
                                      PROBLEM.snapshot(mixed_data).corpora)
   one = MixedStream(stores, curriculum, batching, 3, replicas=1, local_replicas=[0])
   halves = [MixedStream(stores, curriculum, batching, 3, replicas=2, local_replicas=[r])
@@ -190,7 +194,7 @@ def test_replicas_and_a_resumed_stream_read_what_one_unbroken_stream_reads(mixed
 
 # --- training (a run across a weight change, moved to two replicas: test_schedule.py) ------
 def test_corpus_weights_are_refused_where_they_cannot_be_read(multi30k_data, mixed_data):
-  from t2t_lite.mixing import open_stream
+  from t2t_lite.data.mixing import open_stream
   batching = Batching.of(tiny_hparams())
   hparams = tiny_hparams(corpus_weights="flickr:1/other:1")
   with pytest.raises(UsageError, match="holds one training corpus; make data of several with "

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import BIN, REPO, cli, multi30k_dir, tiny_hparams
-from t2t_lite import data, registry
-from t2t_lite.errors import UsageError
-from t2t_lite.problems.base import read_lines, read_parallel
+from t2t_lite.data import eval_input
+from t2t_lite.core import registry
+from t2t_lite.core.errors import UsageError
+from t2t_lite.data.text import read_lines, read_parallel
 
 
 def test_multi30k_manifest(multi30k_data):
@@ -22,7 +23,7 @@ def test_multi30k_manifest(multi30k_data):
   assert counts == {"train": (29000, 29000), "dev": (1014, 1014), "test": (1000, 1000)}
   assert manifest["vocab"]["size"] == 8000
   assert len(problem.data_files(multi30k_data, "train")) == 4
-  from t2t_lite.problems.base import file_sha256
+  from t2t_lite.data.text import file_sha256
   assert manifest["vocab"]["sha256"] == file_sha256(problem.vocab_file(multi30k_data))
   assert not [f for f in os.listdir(multi30k_data) if ".tmp" in f]
 
@@ -57,15 +58,15 @@ def test_batches_fit_batch_size_and_one_epoch_has_every_example_once(multi30k_da
   files = problem.data_files(multi30k_data, "dev")
   hparams = tiny_hparams(batch_size=300, max_length=40)
   expected = sorted(_sequences({k: v[None] for k, v in ex.items()})[0]
-                    for ex in data.examples(files, 40))
+                    for ex in eval_input.examples(files, 40))
   seen = []
-  for batch in data.eval_dataset(files, hparams):
+  for batch in eval_input.eval_dataset(files, hparams):
     rows, longest = batch["inputs"].shape[0], max(batch["inputs"].shape[1],
                                                     batch["targets"].shape[1])
     assert rows * longest <= 300
     seen.extend(_sequences(batch))
   assert sorted(seen) == expected
-  all_examples = sum(1 for _ in data.examples(files, 1000))
+  all_examples = sum(1 for _ in eval_input.examples(files, 1000))
   assert 900 < len(expected) < all_examples, "max_length=40 should drop a few dev pairs"
 
 
@@ -151,7 +152,7 @@ def test_vocabulary_too_big_for_the_corpus(tmp_path):
 
 
 def test_vocab_size_applies_to_every_problem_and_languages_only_to_folders(tmp_path):
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   problem = registry.problem("translate_ende_wmt14")
   problem.configure(vocab_size=8000, source_lang="", target_lang="")
   assert problem.vocab_size == 8000 and problem._settings()["vocab_size"] == 8000
@@ -324,11 +325,11 @@ def test_data_made_before_datagen_folders_is_read_and_replaced_whole(tmp_path):
 
 def test_batch_size_smaller_than_max_length_is_refused():
   with pytest.raises(UsageError, match="batch_size=100 tokens cannot hold one sequence"):
-    data.check_batch_size(100, 256)
+    eval_input.check_batch_size(100, 256)
 
 
 def test_bucket_boundaries_are_geometric():
-  boundaries = data.bucket_boundaries(64)
+  boundaries = eval_input.bucket_boundaries(64)
   assert boundaries[:4] == [8, 9, 10, 11] and boundaries[-1] == 65
   steps = np.diff(boundaries[:-1]) / np.array(boundaries[:-2])
   assert (steps <= 0.125 + 1e-9).all()
@@ -380,7 +381,7 @@ def two_part_data(tmp_path_factory):
 
 
 def _shard_records(path):
-  """(inputs, targets) ids of one TFRecord file, in file order (faster than data.examples)."""
+  """(inputs, targets) ids of one TFRecord file, in file order (faster than eval_input.examples)."""
   import tensorflow as tf
   records = []
   for batch in tf.data.TFRecordDataset(path).batch(1000).as_numpy_iterator():
@@ -405,7 +406,7 @@ def test_concatenated_sub_corpora_reach_training_mixed_and_whole(two_part_data):
     head = [kind[pair] for pair in records[:100]]
     assert 25 <= head.count("A") <= 75, f"{path}: {head.count('A')} of the first 100 from A"
   # the store holds the shards' pairs, and training's first batches mix both parts
-  from t2t_lite.stream import Batching, SplitPlan
+  from t2t_lite.data.stream import Batching, SplitPlan
   store = problem.training_store(two_part_data["out"], "train")
   stored = store.batch(np.arange(len(store)))
   pairs = [(tuple(int(i) for i in source if i), tuple(int(i) for i in target if i))
@@ -418,8 +419,8 @@ def test_concatenated_sub_corpora_reach_training_mixed_and_whole(two_part_data):
 
 
 def test_shuffle_follows_the_seed(two_part_data, tmp_path):
-  from t2t_lite.problems import shards
-  from t2t_lite.problems.base import read_parallel
+  from t2t_lite.data import shards
+  from t2t_lite.data.text import read_parallel
   problem = registry.problem("translate_folder")
   vocab = problem.get_vocab(two_part_data["out"])
   train = read_parallel(os.path.join(two_part_data["raw"], "train.en"),
@@ -440,7 +441,7 @@ def test_shuffle_follows_the_seed(two_part_data, tmp_path):
 
 def test_datagen_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
   import tracemalloc
-  from t2t_lite.problems import shards, store, vocab
+  from t2t_lite.data import shards, store, vocab
   # Bounds small enough that 3,000 pairs already fill them: the sample, a chunk, a bucket,
   # the records the store parses at a time and the lengths it copies at a time.
   monkeypatch.setattr(vocab, "SAMPLE_SENTENCES", 2000)
@@ -469,7 +470,7 @@ def test_datagen_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
 
 
 def test_reservoir_sample_is_seeded_uniform_and_whole_when_small():
-  from t2t_lite.problems.vocab import reservoir_sample
+  from t2t_lite.data.vocab import reservoir_sample
   assert reservoir_sample(iter(range(50)), 100, seed=1) == list(range(50))
   sample = reservoir_sample(iter(range(100_000)), 1000, seed=1)
   assert sample == reservoir_sample(iter(range(100_000)), 1000, seed=1)
@@ -479,7 +480,7 @@ def test_reservoir_sample_is_seeded_uniform_and_whole_when_small():
 
 
 def test_vocabulary_sample_keeps_within_its_character_budget():
-  from t2t_lite.problems.vocab import within_characters
+  from t2t_lite.data.vocab import within_characters
   sentences = [f"sentence {i:06d}" for i in range(1000)]  # 15 characters each
   assert within_characters(sentences, 15_000, seed=1) is sentences  # fits: whole, in order
   subset = within_characters(sentences, 1500, seed=1)
@@ -582,7 +583,7 @@ def test_subword_sampling_writes_seeded_sampled_copies_of_every_training_pair(tm
   dev = _shard_records(problem.data_files(out, "dev")[0])
   assert dev == [(tuple(vocab.encode(s)), tuple(vocab.encode(t)))
                  for s, t in read_parallel(str(raw / "dev.en"), str(raw / "dev.de"))]
-  from t2t_lite.problems import shards
+  from t2t_lite.data import shards
   again = [str(tmp_path / f"again-{i}.tfrecord") for i in range(4)]
   assert shards.write_shuffled(vocab, pairs, again, 300, 1, copies=3, sampling_alpha=0.3) == 900
   # The same seed in this process draws what the datagen process drew: the same bytes.

@@ -4,8 +4,9 @@ import os
 import subprocess
 import sys
 
-from t2t_lite.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, TRAIN_STEPS, Actions, Agreed,
-                             Checkpointing, Evaluation, Progress, Schedule, decide)
+from t2t_lite.training.decide import (EARLY_STOP, SIGNAL, TIME_BUDGET, TRAIN_STEPS, Actions, Agreed,
+                                      Progress, Schedule, decide)
+from t2t_lite.training.options import Checkpointing, Evaluation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The reproduction of the cluster crash: evaluation every 5 updates, log lines every 4.
@@ -39,7 +40,7 @@ def run(schedule, agreed_at=None, skipped=(), start=0):
 
 
 def test_decide_needs_no_tensorflow():
-  code = ("import sys, t2t_lite.decide; "
+  code = ("import sys, t2t_lite.training.decide; "
           "sys.exit('tensorflow' in sys.modules or 'numpy' in sys.modules)")
   assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 

@@ -8,7 +8,8 @@ import sacrebleu
 import tensorflow as tf
 
 from conftest import cli, tiny_hparams
-from t2t_lite import decode, registry
+from t2t_lite.inference import decode
+from t2t_lite.core import registry
 
 VOCAB = 50
 
@@ -317,7 +318,7 @@ def test_averaged_checkpoint_is_the_mean(tiny_run, tmp_path):
 def test_decode_hparams_batch_size_counts_sentences_as_in_tensor2tensor():
   """batch_size is sentences per batch (tensor2tensor's meaning), batch_tokens source
   tokens; with neither, batches hold up to DEFAULT_BATCH_TOKENS source tokens."""
-  from t2t_lite import inference
+  from t2t_lite.inference import translator
 
   class Recorder:
     """A decoder that records the batches the Translator's options make."""
@@ -326,7 +327,7 @@ def test_decode_hparams_batch_size_counts_sentences_as_in_tensor2tensor():
       self.batches = []
 
     def translate_nbest(self, sources, beam_size, alpha, batch_size, use_cache, batch_tokens):
-      from t2t_lite.batching import decode_batches
+      from t2t_lite.inference.batches import decode_batches
       self.batches = decode_batches(sources, 256, batch_size, batch_tokens)
       return [[(list(ids[:-1]), 0.0)] for ids in sources]
 
@@ -340,16 +341,16 @@ def test_decode_hparams_batch_size_counts_sentences_as_in_tensor2tensor():
   lines = [" ".join(["w"] * 9)] * 64  # 64 sentences of 10 tokens with EOS
   sizes = {}
   for spec in ("", "batch_size=16", "batch_tokens=200", "batch_size=16,batch_tokens=60"):
-    options, given = inference.decode_options(spec)
+    options, given = translator.decode_options(spec)
     recorder = Recorder()
-    translated = inference.Translator(recorder, Words(), 256, options)(lines)
+    translated = translator.Translator(recorder, Words(), 256, options)(lines)
     assert translated == [" ".join(["w"] * 9)] * 64
     sizes[spec] = sorted({len(batch) for batch in recorder.batches})
   assert sizes == {"": [64],  # 640 tokens: one batch within the default 1024
                    "batch_size=16": [16], "batch_tokens=200": [4, 20],
                    "batch_size=16,batch_tokens=60": [4, 6]}
-  assert inference.decode_options("batch_size=16")[0].batching() == (16, 0)
-  assert inference.decode_options("")[0].batching() == (0, inference.DEFAULT_BATCH_TOKENS)
+  assert translator.decode_options("batch_size=16")[0].batching() == (16, 0)
+  assert translator.decode_options("")[0].batching() == (0, translator.DEFAULT_BATCH_TOKENS)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -358,7 +359,7 @@ def test_decode_hparams_batch_size_counts_sentences_as_in_tensor2tensor():
     ("batch=64", "unknown hparam 'batch'"),
 ])
 def test_decode_hparams_errors_name_the_setting(spec, message):
-  from t2t_lite import inference
-  from t2t_lite.errors import UsageError
+  from t2t_lite.inference import translator
+  from t2t_lite.core.errors import UsageError
   with pytest.raises(UsageError, match=message):
-    inference.decode_options(spec)
+    translator.decode_options(spec)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (BIN, NO_EVAL_FLAGS, REPO, cli, corpus_state, finish, free_ports,
+from conftest import (BIN, NO_EVAL_FLAGS, REPO, cli, popen, corpus_state, finish, free_ports,
                       start_workers, wait)
-from t2t_lite import registry
-from t2t_lite.errors import UsageError
-from t2t_lite.steps import plan
+from t2t_lite.core import registry
+from t2t_lite.core.errors import UsageError
+from t2t_lite.training.steps import run_steps
 
 TESTS = os.path.join(REPO, "tests")
 
@@ -48,8 +48,8 @@ def _final_values(output_dir, name=None):
 
 
 def _trainer(*args, env=None):
-  return subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *args], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return popen([os.path.join(BIN, "t2t-lite-trainer"), *args], env=env,
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _finish(processes):
@@ -132,9 +132,10 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
 def _stream_examples(data_dir, batches):
   """The examples in the first `batches` micro-batches of _flags's training stream."""
   from conftest import tiny_hparams
-  from t2t_lite.corpora import Curriculum
-  from t2t_lite.mixing import corpus_splits
-  from t2t_lite.stream import Batching, MixedStream
+  from t2t_lite.data.curriculum import Curriculum
+  from t2t_lite.data.mixing import corpus_splits
+  from t2t_lite.data.stream import Batching
+  from t2t_lite.data.mixing import MixedStream
   snapshot = registry.problem("translate_ende_multi30k").snapshot(data_dir)
   stores = [[snapshot.store(split) for split in corpus_splits(c, ["train", "train_sampled"])]
             for c in snapshot.corpora]
@@ -256,7 +257,7 @@ def test_a_signal_to_one_worker_the_loss_of_another_and_moves_to_4_workers_and_1
 
 
 def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch):
-  from t2t_lite import distribute
+  from t2t_lite.cluster import distribute
   monkeypatch.delenv("TF_CONFIG", raising=False)
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
   monkeypatch.setattr(tf.config, "list_physical_devices",
@@ -272,7 +273,7 @@ def test_dry_run_replicas_under_slurm_are_tasks_times_gpus_per_task(monkeypatch)
 
 
 def _slurm_step(monkeypatch, **extra):
-  from t2t_lite import distribute
+  from t2t_lite.cluster import distribute
   monkeypatch.delenv("TF_CONFIG", raising=False)
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
   for name, value in dict(SLURM_JOB_ID="7", SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4",
@@ -317,18 +318,18 @@ def test_slurm_outside_a_job_step_is_a_usage_error(monkeypatch, missing):
 def test_effective_batch_tokens_derives_accumulate_steps():
   hparams = registry.hparams("transformer_base")
   hparams.effective_batch_tokens = 32768
-  one_gpu = plan(hparams, replicas=1, train_steps=10)
+  one_gpu = run_steps(hparams, replicas=1, train_steps=10)
   assert one_gpu.accumulate_steps == 8 and one_gpu.tokens_per_update == 32768
   assert "derived from effective_batch_tokens=32768" in "\n".join(one_gpu.lines())
-  assert plan(hparams, replicas=8, train_steps=10).accumulate_steps == 1
-  assert plan(hparams, replicas=4, train_steps=10).accumulate_steps == 2
+  assert run_steps(hparams, replicas=8, train_steps=10).accumulate_steps == 1
+  assert run_steps(hparams, replicas=4, train_steps=10).accumulate_steps == 2
   hparams.effective_batch_tokens = 20000
   with pytest.raises(UsageError, match="effective_batch_tokens=20000 is not a multiple of "
                      r"batch_size x replicas = 4096 x 1 = 4096; use 16384 or 20480"):
-    plan(hparams, replicas=1, train_steps=10)
+    run_steps(hparams, replicas=1, train_steps=10)
   hparams.effective_batch_tokens = 2048
   with pytest.raises(UsageError, match="use 4096 or 8192"):
-    plan(hparams, replicas=1, train_steps=10)
+    run_steps(hparams, replicas=1, train_steps=10)
 
 
 def test_effective_batch_in_the_dry_run():

@@ -7,10 +7,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_hparams
-from t2t_lite import hparams_check, optimize, registry
-from t2t_lite.equivalence import ragged_batches, relative_difference
-from t2t_lite.errors import UsageError
-from t2t_lite.learner import Learner
+from t2t_lite.core import hparams_check, registry
+from t2t_lite.training import optimize
+from t2t_lite.training.equivalence import ragged_batches, relative_difference
+from t2t_lite.core.errors import UsageError
+from t2t_lite.training.learner import Learner
 
 VOCAB = 60
 

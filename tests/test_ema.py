@@ -8,10 +8,12 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_hparams
-from t2t_lite import ema, inference, registry
-from t2t_lite.equivalence import concat, ragged_batches, tensors_relative_difference
-from t2t_lite.errors import UsageError
-from t2t_lite.learner import Learner
+from t2t_lite.runs import ema
+from t2t_lite.inference import translator
+from t2t_lite.core import registry
+from t2t_lite.training.equivalence import concat, ragged_batches, tensors_relative_difference
+from t2t_lite.core.errors import UsageError
+from t2t_lite.training.learner import Learner
 
 VOCAB = 60
 
@@ -106,21 +108,21 @@ def test_readers_take_the_average_by_default_and_the_raw_weights_when_asked(tmp_
   path = tf.train.CheckpointManager(tf.train.Checkpoint(**learner.trackables()), str(tmp_path),
                                     1).save(4)
   model = registry.model("transformer")(learner.hparams, VOCAB)
-  assert inference.restore(model, path) == "ema"
+  assert translator.restore(model, path) == "ema"
   assert tensors_relative_difference(model.trainable_variables, learner.average.averages) == 0
-  assert inference.restore(model, path, "raw") == "raw"
+  assert translator.restore(model, path, "raw") == "raw"
   assert tensors_relative_difference(model.trainable_variables, learner.variables) == 0
   plain = Learner(tiny_hparams(), VOCAB, 1, seed=3)
   other = tf.train.CheckpointManager(tf.train.Checkpoint(**plain.trackables()),
                                      str(tmp_path / "plain"), 1).save(1)
-  assert inference.restore(model, other) == "raw"
+  assert translator.restore(model, other) == "raw"
   with pytest.raises(UsageError, match=r"--weights=ema: checkpoint .*plain/ckpt-1 has no moving "
                      r"average of the weights: it holds none .*; use --weights=raw"):
-    inference.restore(model, other, "ema")
+    translator.restore(model, other, "ema")
 
 
 def test_ema_hparams_are_checked():
-  from t2t_lite import hparams_check
+  from t2t_lite.core import hparams_check
   for values, message in (({"ema_decay": 1.0}, r"ema_decay=1.0: must be in \[0, 1\)"),
                           ({"ema_decay": 0.9, "ema_reference_tokens": 0},
                            "ema_reference_tokens=0: must be above 0"),

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, cli, multi30k_dir, tiny_hparams, vocab_path
-from t2t_lite import export, metrics, registry, rundir
-from t2t_lite.export import ctranslate2_decoder, ctranslate2_model
-from t2t_lite.problems.vocab import SubwordVocab
+from conftest import BIN, cli, popen, multi30k_dir, tiny_hparams, vocab_path
+from t2t_lite.inference import export, metrics
+from t2t_lite.core import registry
+from t2t_lite.runs import rundir
+from t2t_lite.inference.export import ctranslate2_decoder, ctranslate2_model
+from t2t_lite.data.vocab import SubwordVocab
 
 SENTENCES = 50
 UMLAUTS = "Zwei Männer überqueren eine Straße in München."
@@ -26,8 +28,8 @@ EXTRA_LINES = {10: "", 20: "   ", 30: UMLAUTS}
 
 
 def _start(name, *args, env=None):
-  return subprocess.Popen([os.path.join(BIN, name), *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
+  return popen([os.path.join(BIN, name), *args], stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
 
 
 def _finish(processes):
@@ -261,8 +263,8 @@ def test_ctranslate2_scores_every_token_as_ours(norm, tiny_run, tmp_path):
   vocab_file = vocab_path(tiny_run["data_dir"])
   vocab = SubwordVocab(vocab_file)
   if norm == "pre_norm":
-    from t2t_lite import inference
-    run = inference.load(tiny_run["output_dir"])
+    from t2t_lite.inference import translator
+    run = translator.load(tiny_run["output_dir"])
     model, hparams = run.model, run.hparams
   else:
     hparams = tiny_hparams(layer_preprocess_sequence="none", layer_postprocess_sequence="dan")
@@ -418,7 +420,7 @@ def test_the_export_record_names_the_checkpoint_exported(tiny_run, tmp_path, mon
   otherwise when asked again) cannot make t2t_lite_export.json name another one."""
   run = str(tmp_path / "run")
   shutil.copytree(tiny_run["output_dir"], run)
-  from t2t_lite import checkpoints
+  from t2t_lite.runs import checkpoints
   real, answers = checkpoints.newest_first, []
 
   def newest_first(directory, *args, **kwargs):  # a newer checkpoint each time it is asked

@@ -2,8 +2,8 @@
 
 import os
 
-from t2t_lite import files
-from t2t_lite.problems import base
+from t2t_lite.core import files
+from t2t_lite.data.problems import base
 
 GONE = 999999999  # no such process
 

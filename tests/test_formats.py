@@ -1,4 +1,4 @@
-"""Older formats are upgraded in one place (t2t_lite/formats.py) as they are read."""
+"""Older formats are upgraded in one place (t2t_lite/older_formats.py) as they are read."""
 
 import json
 import os
@@ -8,9 +8,12 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_hparams
-from t2t_lite import formats, rundir
-from t2t_lite.errors import UsageError
-from t2t_lite.learner import Learner
+from t2t_lite.core import older_formats
+from t2t_lite.runs import rundir
+from t2t_lite.runs.checkpoints import update_of
+from t2t_lite.core.errors import UsageError
+from t2t_lite.training import resume
+from t2t_lite.training.learner import Learner
 
 VOCAB = 40
 
@@ -28,7 +31,7 @@ def _older_checkpoint(tmp_path, micro_steps, steps=2):
   for i in range(micro_steps):
     learner.step(_batch(i))
   objects = {k: v for k, v in learner.trackables().items()
-             if k not in formats.ADDED_TO_CHECKPOINTS}
+             if k not in resume.ADDED_TO_CHECKPOINTS}
   path = tf.train.Checkpoint(**objects).write(str(tmp_path / "ckpt-1"))
   return path, learner
 
@@ -36,7 +39,7 @@ def _older_checkpoint(tmp_path, micro_steps, steps=2):
 def _restored(path, steps=2):
   learner = Learner(tiny_hparams(), VOCAB, steps, seed=2)
   names = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
-  lacks = formats.checkpoint_lacks(path, names)
+  lacks = resume.checkpoint_lacks(path, names)
   tf.train.Checkpoint(**{k: v for k, v in learner.trackables().items() if k not in lacks}
                       ).read(path).assert_existing_objects_matched()
   return learner, lacks
@@ -47,7 +50,7 @@ def test_a_checkpoint_from_before_in_update_and_layout_resumes_mid_update(tmp_pa
   learner, lacks = _restored(path)
   assert lacks == {"in_update", "layout"}
   meta = {"hparams": {"optimizer_multistep_accumulate_steps": 2}}
-  formats.upgrade_restored(learner, lacks, meta, path)
+  resume.upgrade(learner, lacks, meta, path)
   assert int(learner.in_update.numpy()) == 1 and learner.position() == 1
   assert learner.layout.numpy().tolist() == [1, 2]
   # The next micro-step completes the update, as it would have in the run that wrote it.
@@ -63,7 +66,7 @@ def test_an_older_checkpoint_on_other_accumulate_steps_is_refused_with_the_value
   learner, lacks = _restored(path, steps=2)
   with pytest.raises(UsageError, match=r"predates recorded layouts and was trained with "
                      r"optimizer_multistep_accumulate_steps=4; resume it with that value"):
-    formats.upgrade_restored(learner, lacks,
+    resume.upgrade(learner, lacks,
                              {"hparams": {"optimizer_multistep_accumulate_steps": 4}}, path)
 
 
@@ -72,21 +75,21 @@ def test_a_tf_data_iterator_is_refused_unless_the_stream_may_change():
     with pytest.raises(UsageError, match=r"checkpoint run/ckpt-3 holds its data position as a "
                        r"tf.data iterator \(written by an earlier t2t-lite\), which the planned "
                        r"training stream cannot continue exactly; pass --allow_stream_change"):
-      formats.checkpoint_lacks("run/ckpt-3", names)
-  assert formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0"},
+      resume.checkpoint_lacks("run/ckpt-3", names)
+  assert resume.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0"},
                                   allow_stream_change=True) == {"in_update", "layout"}
-  assert formats.checkpoint_lacks("run/ckpt-3", {"model", "layout", "in_update"}) == set()
+  assert resume.checkpoint_lacks("run/ckpt-3", {"model", "layout", "in_update"}) == set()
   # replicas with a shard each, before layouts were recorded: their count is not known
   for allowed in (False, True):
     with pytest.raises(UsageError, match="replicas each read their own data shard, before "
                        "layouts were recorded"):
-      formats.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0", "iterator_1"}, allowed)
+      resume.checkpoint_lacks("run/ckpt-3", {"model", "iterator_0", "iterator_1"}, allowed)
 
 
 def test_a_run_record_drops_the_hparams_no_version_reads():
-  record = formats.run_record({"hparams": {"shuffle_buffer_size": 20000, "batch_size": 64}})
-  assert record["hparams"] == {"batch_size": 64, **formats.ADDED_HPARAMS}
-  from t2t_lite import registry
+  record = older_formats.run_record({"hparams": {"shuffle_buffer_size": 20000, "batch_size": 64}})
+  assert record["hparams"] == {"batch_size": 64, **older_formats.ADDED_HPARAMS}
+  from t2t_lite.core import registry
   hparams = registry.hparams("transformer_tiny")
   with pytest.raises(UsageError, match=r"hparam 'shuffle_buffer_size' is no longer read: "
                      r"training batches are planned from a global shuffle of every epoch "
@@ -100,17 +103,17 @@ def test_a_run_record_from_before_the_data_record_reads_as_not_recorded(tmp_path
   meta = rundir.read_meta(str(tmp_path))
   assert meta["data"] is None and meta["random_seed"] is None
   assert meta["data_dir"] == "data/x"
-  assert formats.run_record(None) is None
+  assert older_formats.run_record(None) is None
   current = {"data": {"problem": "p"}, "random_seed": 7, "train_minutes": 0.0,
              "xla_compile": False}
-  assert formats.run_record(current) == current
+  assert older_formats.run_record(current) == current
   # A run from before the segmentation switch read its one training split from the start
   # (and the other hparams added since: test_a_run_recorded_before_an_hparam_existed_...).
-  assert meta["hparams"] == formats.ADDED_HPARAMS
+  assert meta["hparams"] == older_formats.ADDED_HPARAMS
   recorded = {"data": None, "random_seed": 7, "train_minutes": 0.0, "xla_compile": None,
-              "hparams": {**formats.ADDED_HPARAMS, "subword_sampling_start": 100,
+              "hparams": {**older_formats.ADDED_HPARAMS, "subword_sampling_start": 100,
                           "subword_sampling_min_updates": 9}}
-  assert formats.run_record(recorded) == recorded
+  assert older_formats.run_record(recorded) == recorded
 
 
 def test_sampled_data_from_before_the_one_best_was_kept_reads_as_sampled_only():
@@ -118,37 +121,37 @@ def test_sampled_data_from_before_the_one_best_was_kept_reads_as_sampled_only():
   "train" (datagen makes the data again; a switch from the one best is refused on it)."""
   older = {"dir": "d", "settings": {"subword_sampling": {"copies": 2, "alpha": 0.3}},
            "splits": {"train": {"files": ["a"]}, "dev": {"files": ["b"]}}}
-  assert formats.data_manifest(older)["splits"] == {"train_sampled": {"files": ["a"]},
+  assert older_formats.data_manifest(older)["splits"] == {"train_sampled": {"files": ["a"]},
                                                     "dev": {"files": ["b"]}}
   current = {"dir": "d", "settings": {"subword_sampling": {"copies": 2, "alpha": 0.3}},
              "splits": {"train": {"files": ["a"]}, "train_sampled": {"files": ["c"]}}}
-  assert formats.data_manifest(current) == current
+  assert older_formats.data_manifest(current) == current
   one_best = {"dir": "d", "settings": {}, "splits": {"train": {"files": ["a"]}}}
-  assert formats.data_manifest(one_best)["splits"] == {"train": {"files": ["a"]}}
+  assert older_formats.data_manifest(one_best)["splits"] == {"train": {"files": ["a"]}}
 
 
 def test_a_best_model_record_from_before_early_stopping_reads_as_best_by_dev_bleu(tmp_path):
   best = tmp_path / "best"
   best.mkdir()
-  assert formats.best_record(str(best), lambda p: json.load(open(p))) is None
-  (best / formats.OLDER_BEST_FILE).write_text(json.dumps(
+  assert older_formats.best_record(str(best), lambda p: json.load(open(p))) is None
+  (best / older_formats.OLDER_BEST_FILE).write_text(json.dumps(
       {"bleu": 31.5, "update": 400, "checkpoint": "best/ckpt-800"}))
-  assert formats.best_record(str(best), lambda p: json.load(open(p))) == {
+  assert older_formats.best_record(str(best), lambda p: json.load(open(p))) == {
       "metric": "dev_bleu", "value": 31.5, "update": 400, "improved_at": 400,
       "checkpoint": "best/ckpt-800"}
-  (best / formats.BEST_FILE).write_text(json.dumps({"metric": "dev_loss", "value": 1.5}))
-  assert formats.best_record(str(best), lambda p: json.load(open(p)))["metric"] == "dev_loss"
-  assert os.path.isfile(best / formats.OLDER_BEST_FILE)  # read, never removed
+  (best / older_formats.BEST_FILE).write_text(json.dumps({"metric": "dev_loss", "value": 1.5}))
+  assert older_formats.best_record(str(best), lambda p: json.load(open(p)))["metric"] == "dev_loss"
+  assert os.path.isfile(best / older_formats.OLDER_BEST_FILE)  # read, never removed
 
 
 def test_an_average_from_before_averages_recorded_their_update_is_refused(tmp_path):
   older = tf.train.Checkpoint(model=tf.Module()).write(str(tmp_path / "older" / "ckpt-9"))
   with pytest.raises(ValueError, match=r"records no update \(an average made by an older "
                      r"t2t-lite-avg-checkpoints: average again\)"):
-    formats.checkpoint_update(older)
+    update_of(older)
   current = tf.train.Checkpoint(update_step=tf.Variable(12, dtype=tf.int64)).write(
       str(tmp_path / "current" / "ckpt-9"))
-  assert formats.checkpoint_update(current) == 12
+  assert update_of(current) == 12
 
 
 def test_a_run_whose_checkpoint_holds_a_tf_data_iterator_resumes_only_when_allowed(
@@ -158,14 +161,16 @@ def test_a_run_whose_checkpoint_holds_a_tf_data_iterator_resumes_only_when_allow
   planned stream."""
   import shutil
   from conftest import TINY_FLAGS, cli
-  from t2t_lite import registry, steps
-  from t2t_lite.decide import Checkpointing, Evaluation
-  from t2t_lite.train import RunOptions, Trainer
+  from t2t_lite.core import registry
+  from t2t_lite.training import steps
+  from t2t_lite.training.options import Checkpointing, Evaluation
+  from t2t_lite.training.options import RunOptions
+  from t2t_lite.training.loop import Trainer
   run = tmp_path / "run"
   shutil.copytree(tiny_run["output_dir"], run)
   hparams = tiny_hparams(optimizer_multistep_accumulate_steps=2)
   trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
-                    steps.plan(hparams, 1, 4),
+                    steps.run_steps(hparams, 1, 4),
                     RunOptions(output_dir=str(run), data_dir=tiny_run["data_dir"], seed=7,
                                evaluation=Evaluation(frequency=0),
                                checkpointing=Checkpointing(save_steps=0)))
@@ -178,7 +183,7 @@ def test_a_run_whose_checkpoint_holds_a_tf_data_iterator_resumes_only_when_allow
            "--train_steps=5"]
   with pytest.raises(UsageError, match=f"checkpoint {path} holds its data position as a "
                      "tf.data iterator"):  # (the program prints it as one line, exit 2)
-    Trainer(hparams, registry.problem("translate_ende_multi30k"), steps.plan(hparams, 1, 5),
+    Trainer(hparams, registry.problem("translate_ende_multi30k"), steps.run_steps(hparams, 1, 5),
             RunOptions(output_dir=str(run), data_dir=tiny_run["data_dir"], seed=7,
                        evaluation=Evaluation(frequency=0))).restore()
   resumed = cli("t2t-lite-trainer", *flags, "--allow_stream_change", check=True)
@@ -188,14 +193,14 @@ def test_a_run_whose_checkpoint_holds_a_tf_data_iterator_resumes_only_when_allow
   assert "trained 5 updates (10 micro-steps)" in resumed.stdout
 
 
-@pytest.mark.parametrize("name, value", sorted(formats.ADDED_HPARAMS.items()))
+@pytest.mark.parametrize("name, value", sorted(older_formats.ADDED_HPARAMS.items()))
 def test_a_run_recorded_before_an_hparam_existed_resumes_as_it_ran(tmp_path, name, value):
   """A record of transformer_multi30k_cpu written before `name` existed resumes with the
   value that reproduces what the run did then, not the set's value today (whose dropout
   ramp, say, would change the run)."""
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   today = registry.hparams("transformer_multi30k_cpu").values()
-  recorded = {k: v for k, v in today.items() if k not in formats.ADDED_HPARAMS}
+  recorded = {k: v for k, v in today.items() if k not in older_formats.ADDED_HPARAMS}
   recorded["learning_rate_schedule"] = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size"
   (tmp_path / rundir.META_FILE).write_text(json.dumps(
       {"hparams_set": "transformer_multi30k_cpu", "hparams": recorded}))
@@ -204,9 +209,9 @@ def test_a_run_recorded_before_an_hparam_existed_resumes_as_it_ran(tmp_path, nam
 
 
 def test_the_other_hparams_added_since_keep_a_recorded_runs_meaning_with_every_sets_value():
-  from t2t_lite.hparams_check import COOLDOWN
-  """(See formats.ADDED_HPARAMS.)"""
-  from t2t_lite import registry
+  from t2t_lite.core.hparams_check import COOLDOWN
+  """(See older_formats.ADDED_HPARAMS.)"""
+  from t2t_lite.core import registry
   for name in registry.hparams_sets.names():
     hparams = registry.hparams(name)
     assert hparams.optimizer_multistep_accumulate_schedule == "", name

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from t2t_lite.errors import UsageError
-from t2t_lite.hparams import HParams, HParamsError
+from t2t_lite.core.errors import UsageError
+from t2t_lite.core.hparams import HParams, HParamsError
 
 
 def make():

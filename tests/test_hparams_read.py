@@ -12,11 +12,12 @@ import pytest
 import tensorflow as tf
 
 from t2t_lite.configs.transformer import basic_params
-from t2t_lite import hparams_check, registry, steps
-from t2t_lite.errors import RunError, UsageError
-from t2t_lite.learner import Learner
+from t2t_lite.core import hparams_check, registry
+from t2t_lite.training import steps
+from t2t_lite.core.errors import RunError, UsageError
+from t2t_lite.training.learner import Learner
 from t2t_lite.models import transformer
-from t2t_lite.train_log import NonFiniteGuard
+from t2t_lite.training.train_log import NonFiniteGuard
 
 VOCAB = 40
 # Changed values for hparams whose generic change (+0.05 or x 0.5, +1, not, +"x")
@@ -72,7 +73,7 @@ def train_file(tmp_path_factory):
 
 
 def _plan(hparams, train_file):
-  return steps.plan(hparams, 1, 10)
+  return steps.run_steps(hparams, 1, 10)
 
 
 def _guard(hparams, train_file):
@@ -89,8 +90,8 @@ def _guard(hparams, train_file):
 def _batches(hparams, train_file, pad_to_bucket_boundary=False):
   """Two training batches of the planned stream; padded to their bucket (--xla_compile), the
   batches that tensor2tensor's bucket hparams shape."""
-  from t2t_lite.problems import store
-  from t2t_lite.stream import Batching, TrainingStream
+  from t2t_lite.data import store
+  from t2t_lite.data.stream import Batching, TrainingStream
   folder = os.path.dirname(train_file)
   info = store.write([train_file], folder, "train", VOCAB)
   stream = TrainingStream([store.ExampleStore(folder, info)],
@@ -115,7 +116,7 @@ def _model(hparams, train_file):
 
 def _optimizer(hparams, train_file):
   """One update: the learning rate, the parameters and Adam's slots after it."""
-  accumulate = steps.plan(hparams, 1, 10).accumulate_steps
+  accumulate = steps.run_steps(hparams, 1, 10).accumulate_steps
   learner = Learner(hparams, VOCAB, accumulate, seed=5)
   batches = _batches(hparams, train_file)
   for step in range(accumulate):
@@ -133,7 +134,7 @@ def refused(hparams) -> bool:
   try:
     hparams_check.check(hparams)
     registry.models.canonical(hparams.model)
-    steps.plan(hparams, 1, 10)
+    steps.run_steps(hparams, 1, 10)
   except UsageError:
     return True
   return False
@@ -194,7 +195,7 @@ def test_post_norm_is_the_papers_block(train_file):
   pre = registry.model("transformer")(small(), VOCAB, seed=5)
   # no layer norm at the end of the stacks: 2 norms x (scale, bias) fewer
   assert len(pre.trainable_variables) - len(model.trainable_variables) == 4
-  from t2t_lite import rundir
+  from t2t_lite.runs import rundir
   assert sum(v.shape.num_elements() for v in model.trainable_variables) == \
       rundir.parameter_count(post, VOCAB)
   # Each block ends in a layer norm: the encoder output has zero mean and unit variance
@@ -204,7 +205,7 @@ def test_post_norm_is_the_papers_block(train_file):
   np.testing.assert_allclose(tf.reduce_mean(memory, -1).numpy(), 0.0, atol=1e-5)
   np.testing.assert_allclose(tf.math.reduce_std(memory, -1).numpy(), 1.0, atol=1e-2)
   # and incremental decoding agrees with teacher forcing there too
-  from t2t_lite import decode
+  from t2t_lite.inference import decode
   cached = tf.function(lambda x: decode.greedy_search(model, x, 6, return_logits=True))(inputs)
   uncached = tf.function(lambda x: decode.greedy_search(
       decode.Uncached(model), x, 6, return_logits=True))(inputs)

@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import cli
-from t2t_lite import metrics
-from t2t_lite.errors import UsageError
+from t2t_lite.inference import metrics
+from t2t_lite.core.errors import UsageError
 
 HYPS = ["我们今天去公园散步。", "他喜欢读书"]
 REFS = ["我们今天去公园散步了。", "他喜欢看书"]

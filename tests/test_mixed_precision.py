@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_lite import faults
-from t2t_lite import learner as learner_lib
+from t2t_lite.core import faults
+from t2t_lite.training import learner as learner_lib
 from t2t_lite.models import transformer
-from t2t_lite.equivalence import ragged_batches
+from t2t_lite.training.equivalence import ragged_batches
 from test_multistep import VOCAB, no_dropout
 
 

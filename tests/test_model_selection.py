@@ -66,9 +66,7 @@ def selected_run(multi30k_data, tmp_path_factory):
       "--eval_early_stopping_steps=4", "--eval_early_stopping_metric_delta=100")
   straight, broken = str(root / "straight"), str(root / "broken")
   unbroken = cli("t2t-lite-trainer", *flags(straight), check=True)
-  killed = subprocess.run([os.path.join(BIN, "t2t-lite-trainer"), *flags(broken)],
-                          env=dict(os.environ, T2T_LITE_FAULT="evaluate:3"),
-                          capture_output=True, text=True, timeout=300)
+  killed = cli("t2t-lite-trainer", *flags(broken), env={"T2T_LITE_FAULT": "evaluate:3"})
   assert killed.returncode == -9, killed.stderr[-3000:]
   state = {"best_when_killed": _best(broken)}
   open(os.path.join(broken, "best", "ckpt-77.index"), "w").close()
@@ -145,9 +143,9 @@ def test_early_stopping_and_the_best_resume_exactly_after_a_kill_before_an_evalu
 
 
 def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
-  from t2t_lite import export, inference
+  from t2t_lite.inference import export, translator
   from t2t_lite.cli import avg_checkpoints
-  from t2t_lite.errors import UsageError
+  from t2t_lite.core.errors import UsageError
   output_dir = selected_run["output_dir"]
   out = cli("t2t-lite-avg-checkpoints", f"--output_dir={output_dir}", "--best",
             f"--avg_dir={tmp_path / 'best_avg'}", check=True).stdout
@@ -176,20 +174,20 @@ def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
                                   expected)
     with open(os.path.join(target, "averaged.json")) as f:
       assert json.load(f)["weights"] == ("ema" if weights == "auto" else "raw")
-    loaded = inference.load(output_dir, weights=weights)
+    loaded = translator.load(output_dir, weights=weights)
     assert loaded.weights == ("ema" if weights == "auto" else "raw")
     np.testing.assert_array_equal(loaded.model.embedding.numpy(), expected)
   # a warm start from the average of the newest checkpoint starts from the moving average
-  from t2t_lite import rundir
-  from t2t_lite.checkpoints import warm_start, warm_start_source
-  from t2t_lite.learner import Learner
+  from t2t_lite.runs import rundir
+  from t2t_lite.adapting.warm_start import read_same_shapes, source_checkpoint
+  from t2t_lite.training.learner import Learner
   hparams, meta = rundir.model_from_run(output_dir)
   learner = Learner(hparams, meta["vocab_size"], 2)
-  warm_start(learner, warm_start_source(str(tmp_path / "last_auto")))
+  read_same_shapes(learner, source_checkpoint(str(tmp_path / "last_auto")))
   np.testing.assert_array_equal(learner.model.embedding.numpy(), _average_of_embedding(run))
   source = tmp_path / "src.en"
   source.write_text("A man rides a bike.\nTwo dogs.\n")
-  assert inference.describe_weights(tf.train.latest_checkpoint(output_dir), "ema") == \
+  assert translator.describe_weights(tf.train.latest_checkpoint(output_dir), "ema") == \
       "the moving average of the weights (ema)"
   averaged = cli("t2t-lite-decoder", f"--output_dir={tmp_path / 'best_avg'}",
                  f"--decode_from_file={source}", f"--decode_to_file={tmp_path / 'out2'}",
@@ -203,8 +201,8 @@ def test_averaging_the_best_and_reading_either_weights(selected_run, tmp_path):
 
 def test_evaluating_an_average_the_run_does_not_keep_is_refused():
   """(Decoding one from a checkpoint without it: test_ema.)"""
-  from t2t_lite.errors import UsageError
-  from t2t_lite.evaluation import _evaluated_weights
+  from t2t_lite.core.errors import UsageError
+  from t2t_lite.training.evaluation import _evaluated_weights
 
   class Plain:
     average = None
@@ -243,7 +241,7 @@ def test_chrf_chrfpp_and_ter_equal_sacrebleus_own_on_the_same_files(tmp_path):
 def test_a_copied_run_averages_its_own_best_and_a_missing_one_is_named(selected_run,
                                                                        tmp_path):
   from t2t_lite.cli import avg_checkpoints
-  from t2t_lite.errors import UsageError
+  from t2t_lite.core.errors import UsageError
   copy = str(tmp_path / "copy")
   shutil.copytree(selected_run["output_dir"], copy)
   _, paths = avg_checkpoints.average(copy, 5, str(tmp_path / "avg"), best_of=0)

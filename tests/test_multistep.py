@@ -5,12 +5,13 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_hparams
-from t2t_lite import optimize, registry
-from t2t_lite.equivalence import (concat, ragged_batches, relative_difference,
-                                  tensors_relative_difference)
-from t2t_lite.learner import Learner
-from t2t_lite.steps import plan
-from t2t_lite.errors import UsageError
+from t2t_lite.training import optimize
+from t2t_lite.core import registry
+from t2t_lite.training.equivalence import (concat, ragged_batches, relative_difference,
+                                           tensors_relative_difference)
+from t2t_lite.training.learner import Learner
+from t2t_lite.training.steps import run_steps
+from t2t_lite.core.errors import UsageError
 
 VOCAB = 60
 
@@ -118,12 +119,12 @@ def test_clipping_applies_to_the_accumulated_gradient():
 
 def test_plan_arithmetic():
   hparams = registry.hparams("transformer_base_fake_gpu8")
-  p = plan(hparams, replicas=1, train_steps=100)
+  p = run_steps(hparams, replicas=1, train_steps=100)
   assert (p.tokens_per_update, p.micro_steps) == (32768, 800)
-  base_on_8 = plan(registry.hparams("transformer_base"), replicas=8, train_steps=100)
+  base_on_8 = run_steps(registry.hparams("transformer_base"), replicas=8, train_steps=100)
   assert base_on_8.tokens_per_update == p.tokens_per_update
   with pytest.raises(UsageError, match="--train_steps=0"):
-    plan(hparams, 1, 0)
+    run_steps(hparams, 1, 0)
 
 
 def test_xla_compiled_passes_give_the_same_loss_gradients_and_dropout_masks():

@@ -4,8 +4,8 @@ import re
 import pytest
 
 from conftest import REPO
-from t2t_lite import registry
-from t2t_lite.registry import RegistryError
+from t2t_lite.core import registry
+from t2t_lite.core.registry import RegistryError
 
 T2T_SETS = ["transformer_base", "transformer_big", "transformer_base_single_gpu",
             "transformer_small", "transformer_tiny"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, TINY_HPARAMS, cli
-from t2t_lite.errors import UsageError
+from conftest import BIN, TINY_HPARAMS, cli, popen
+from t2t_lite.core.errors import UsageError
 
 FLAGS = ["--problem=translate_ende_multi30k", "--hparams_set=transformer_tiny",
          f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=4",
@@ -30,9 +30,9 @@ def _model_values(output_dir):
 
 def _start(output_dir, data_dir, fault="", flags=FLAGS):
   env = dict(os.environ, T2T_LITE_FAULT=fault)
-  return subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *flags,
-                           f"--data_dir={data_dir}", f"--output_dir={output_dir}"],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  return popen([os.path.join(BIN, "t2t-lite-trainer"), *flags,
+                f"--data_dir={data_dir}", f"--output_dir={output_dir}"],
+               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _kill_when(process, marker, occurrence=1):
@@ -55,9 +55,9 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(sampled_data, tm
   from test_train import _scalars
   straight = str(tmp_path / "straight")
   log = open(tmp_path / "straight.log", "w")  # a file: an unread pipe could fill and stall it
-  unbroken = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *SWITCH_FLAGS,
-                               f"--data_dir={sampled_data}", f"--output_dir={straight}"],
-                              stdout=subprocess.DEVNULL, stderr=log)  # beside the broken runs
+  unbroken = popen([os.path.join(BIN, "t2t-lite-trainer"), *SWITCH_FLAGS,
+                    f"--data_dir={sampled_data}", f"--output_dir={straight}"],
+                   stdout=subprocess.DEVNULL, stderr=log)  # beside the broken runs
 
   broken = str(tmp_path / "broken")
   resume = lambda fault="": _start(broken, sampled_data, fault, SWITCH_FLAGS)  # noqa: E731
@@ -146,7 +146,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny_run, tmp_path):
 
 def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
   import shutil
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   problem = registry.problem("translate_ende_multi30k")
   data_dir = tmp_path / "data"
   shutil.copytree(multi30k_data, data_dir)
@@ -172,9 +172,9 @@ def test_missing_or_altered_shards_are_usage_errors(multi30k_data, tmp_path):
 def test_ctrl_c_saves_mid_accumulation_and_exits_cleanly(multi30k_data, tmp_path):
   output_dir = str(tmp_path / "run")
   flags = [f for f in FLAGS if f != "--train_steps=6"] + ["--train_steps=1000"]
-  process = subprocess.Popen([os.path.join(BIN, "t2t-lite-trainer"), *flags,
-                              f"--data_dir={multi30k_data}", f"--output_dir={output_dir}"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  process = popen([os.path.join(BIN, "t2t-lite-trainer"), *flags,
+                   f"--data_dir={multi30k_data}", f"--output_dir={output_dir}"],
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   for line in process.stderr:
     if "update 2/1000" in line:
       process.send_signal(signal.SIGINT)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conftest import cli, vocab_path
-from t2t_lite import rundir
+from t2t_lite.runs import rundir
 
 
 @pytest.fixture
@@ -90,7 +90,8 @@ def test_a_run_resumes_only_on_the_subword_sampling_it_was_trained_on(tiny_run, 
                          f"{data_dir} holds 2 sampled segmentations at alpha 0.3; resume it on "
                          "the data it was trained on", "t2t-lite-trainer")
   assert "start a new run" in last
-  from t2t_lite import registry, rundir
+  from t2t_lite.core import registry
+  from t2t_lite.runs import rundir
   record = rundir.data_record(registry.problem("translate_ende_multi30k").snapshot(
       str(data_dir)))
   assert record["subword_sampling"] == {"copies": 2, "alpha": 0.3}  # what a new run records
@@ -133,11 +134,11 @@ def test_a_resumed_run_keeps_the_time_budget_it_recorded(tiny_run):
   """A budget counts the run's training time: resumed without --train_minutes, a run goes on
   with the budget it recorded (without one its cooldown's end would be fixed at the default
   --train_steps); given, the flag wins; a record from before budgets were recorded has none."""
-  from t2t_lite import formats
+  from t2t_lite.core import older_formats
   assert rundir.read_meta(tiny_run["output_dir"])["train_minutes"] == 0.0
-  recorded = formats.run_record({"hparams": {}, "train_minutes": 25.0})
+  recorded = older_formats.run_record({"hparams": {}, "train_minutes": 25.0})
   assert rundir.train_minutes(recorded, None) == 25.0
   assert rundir.train_minutes(recorded, 30.0) == 30.0 and rundir.train_minutes(recorded, 0.0) == 0
-  older = formats.run_record({"hparams": {}})
+  older = older_formats.run_record({"hparams": {}})
   assert older["train_minutes"] is None and rundir.train_minutes(older, None) == 0.0
   assert rundir.train_minutes(None, None) == 0.0

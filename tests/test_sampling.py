@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from conftest import multi30k_dir
-from t2t_lite.problems import sampling
-from t2t_lite.problems.base import read_lines
+from t2t_lite.data import sampling
+from t2t_lite.data.text import read_lines
 
 
 @pytest.fixture(scope="module")
 def processor(multi30k_data):
   import sentencepiece as spm
-  from t2t_lite import registry
+  from t2t_lite.core import registry
   return spm.SentencePieceProcessor(
       model_file=registry.problem("translate_ende_multi30k").vocab_file(multi30k_data))
 
@@ -103,17 +103,20 @@ def test_a_word_no_piece_covers_keeps_its_one_best(processor):
 def _records(data_dir, split):
   """The (inputs, targets) id tuples of `split`'s shards."""
   import tensorflow as tf
-  from t2t_lite import data, registry
+  from t2t_lite.data import eval_input
+  from t2t_lite.core import registry
   files = registry.problem("translate_ende_multi30k").data_files(data_dir, split)
   return frozenset((tuple(ex["inputs"].numpy()), tuple(ex["targets"].numpy()))
-                   for ex in tf.data.TFRecordDataset(files).map(data.parse_example))
+                   for ex in tf.data.TFRecordDataset(files).map(eval_input.parse_example))
 
 
 def _trainer(data_dir, output_dir, start, train_steps=5, minutes=0.0, **overrides):
   from conftest import tiny_hparams
-  from t2t_lite import registry, steps
-  from t2t_lite.decide import Checkpointing, Evaluation, Stopping
-  from t2t_lite.train import RunOptions, Trainer
+  from t2t_lite.core import registry
+  from t2t_lite.training import steps
+  from t2t_lite.training.options import Checkpointing, Evaluation, Stopping
+  from t2t_lite.training.options import RunOptions
+  from t2t_lite.training.loop import Trainer
   overrides = {"optimizer_multistep_accumulate_steps": 2, **overrides}
   hparams = tiny_hparams(subword_sampling_start=start, **overrides)
   options = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
@@ -121,7 +124,7 @@ def _trainer(data_dir, output_dir, start, train_steps=5, minutes=0.0, **override
                        checkpointing=Checkpointing(save_steps=0),
                        stopping=Stopping(train_minutes=minutes))
   return Trainer(hparams, registry.problem("translate_ende_multi30k"),
-                 steps.plan(hparams, 1, train_steps), options)
+                 steps.run_steps(hparams, 1, train_steps), options)
 
 
 def _recording(trainer):
@@ -151,7 +154,7 @@ def test_training_reads_the_one_best_up_to_subword_sampling_start_then_the_sampl
   one_best, sampled = _records(sampled_data, "train"), _records(sampled_data, "train_sampled")
   assert len(one_best) == 3000 and len(sampled) > 5900 and len(one_best & sampled) < 180
   trainer = _trainer(sampled_data, tmp_path / "switch", start=3)
-  assert trainer.plan.lines()[-1] == ("training segmentations: the one best in updates 1-3, "
+  assert trainer.run_steps.lines()[-1] == ("training segmentations: the one best in updates 1-3, "
                                       "sampled ones after")
   read = _recording(trainer)
   assert trainer.train()["stop_reason"] == "train_steps reached"
@@ -173,12 +176,12 @@ def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
   beside them, a switch is a usage error saying what to do (before the model is built);
   subword_sampling_start=0 trains on its sampled records."""
   from absl import logging
-  from t2t_lite.errors import UsageError
+  from t2t_lite.core.errors import UsageError
   plain = _trainer(multi30k_data, tmp_path / "plain", start=1000)
-  assert plain.run_plan.splits == ["train"] and len(plain.stream.stores) == 1
+  assert plain.milestones.splits == ["train"] and len(plain.stream.stores) == 1
   said = []
   monkeypatch.setattr(logging, "info", lambda message, *args: said.append(message % args))
-  plain.run_plan.start(0)  # (what the loop logs at its start)
+  plain.milestones.start(0)  # (what the loop logs at its start)
   assert said == [f"subword sampling: the one best segmentation throughout ({multi30k_data} "
                   "has no sampled segmentations)"]
   monkeypatch.undo()
@@ -208,9 +211,9 @@ def test_a_budget_too_short_for_subword_sampling_min_updates_keeps_the_one_best(
   one best throughout; at 45, the sampled copies from update 11 (micro-step 10, n = 1). The
   decision is in the checkpoint: a resumed run keeps it. Without a cooldown to project, or
   with no update to judge at, a time budget with the minimum is refused."""
-  from t2t_lite import budget
-  from t2t_lite.errors import UsageError
-  from t2t_lite.run_plan import NEVER
+  from t2t_lite.training import budget
+  from t2t_lite.core.errors import UsageError
+  from t2t_lite.training.milestones import NEVER
   one_best, sampled = _records(sampled_data, "train"), _records(sampled_data, "train_sampled")
   cooldown = {"optimizer_multistep_accumulate_steps": 1, "subword_sampling_min_updates": 40,
               "learning_rate_schedule": "constant*linear_warmup*linear_cooldown"}
@@ -218,7 +221,7 @@ def test_a_budget_too_short_for_subword_sampling_min_updates_keeps_the_one_best(
     monkeypatch.setattr(budget.Pace, "project", lambda *args, end=projected: end)
     output_dir = tmp_path / f"run{projected}"
     trainer = _trainer(sampled_data, output_dir, 10, 10 ** 5, minutes=10.0, **cooldown)
-    assert trainer.plan.lines()[-1] == ("training segmentations: the one best in updates "
+    assert trainer.run_steps.lines()[-1] == ("training segmentations: the one best in updates "
                                         "1-10, sampled ones after if the run is at least 40 "
                                         "updates long")
     read = _recording(trainer)

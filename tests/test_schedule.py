@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import NO_EVAL_FLAGS, TINY_HPARAMS, cli, corpus_state
-from t2t_lite.steps import AccumulateSchedule
+from t2t_lite.training.steps import AccumulateSchedule
 from test_workflow import _ends_in_usage_error, _usage_error
 
 

@@ -5,10 +5,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_hparams
-from t2t_lite import data, registry
-from t2t_lite.problems import store as store_lib
-from t2t_lite.stream import (Batching, SplitPlan, TrainingStream, cut_by_buckets,
-                             cut_by_tokens)
+from t2t_lite.data import eval_input
+from t2t_lite.core import registry
+from t2t_lite.data import store as store_lib
+from t2t_lite.data.stream import Batching, SplitPlan, TrainingStream, cut_by_buckets, cut_by_tokens
 
 PROBLEM = registry.problem("translate_ende_multi30k")
 
@@ -24,7 +24,7 @@ def _epoch(plan, epoch):
 
 def test_the_store_holds_the_records_ids(multi30k_data, train_store):
   files = PROBLEM.data_files(multi30k_data, "train")
-  records = list(tf.data.TFRecordDataset(files).map(data.parse_example).take(300))
+  records = list(tf.data.TFRecordDataset(files).map(eval_input.parse_example).take(300))
   assert len(train_store) == 29000 and train_store.ids["inputs"].dtype == np.uint16
   for index in (0, 1, 17, 299):
     batch = train_store.batch(np.array([index, 0]))
@@ -87,8 +87,8 @@ def test_planned_batches_pad_less_than_the_bucketed_pipeline(multi30k_data, trai
   plan = SplitPlan(train_store.lengths, Batching.of(hparams), seed=1, split_number=0)
   planned = _padding(train_store.batch(*plan.batch(b)) for b in range(150))
   files = PROBLEM.data_files(multi30k_data, "train")
-  bucketed = data.batched(  # endless, as the trainer read it: no part-filled batches
-      data.examples(files, hparams.max_length).shuffle(20000, seed=1).repeat(),
+  bucketed = eval_input.batched(  # endless, as the trainer read it: no part-filled batches
+      eval_input.examples(files, hparams.max_length).shuffle(20000, seed=1).repeat(),
       hparams.batch_size, hparams.max_length)
   before = [{k: v.numpy() for k, v in b.items()} for b in bucketed.take(150)]
   assert planned < _padding(before) < 0.15, (planned, _padding(before))
@@ -112,8 +112,8 @@ def test_batches_padded_to_their_bucket_boundary_hold_each_example_once(train_st
   hparams = tiny_hparams(batch_size=256, max_length=64)
   plain = SplitPlan(train_store.lengths, Batching.of(hparams), 3, 0)
   padded = SplitPlan(train_store.lengths, Batching.of(hparams, True), 3, 0)
-  boundaries = data.bucket_boundaries(64)
-  rows_of = dict(zip((b - 1 for b in boundaries), data.bucket_batch_sizes(boundaries, 256)))
+  boundaries = eval_input.bucket_boundaries(64)
+  rows_of = dict(zip((b - 1 for b in boundaries), eval_input.bucket_batch_sizes(boundaries, 256)))
   rows_seen = {}
   for rows, width in _epoch(padded, 0):
     batch = train_store.batch(rows, width)

@@ -9,10 +9,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import NO_EVAL_FLAGS, REPO, TINY_FLAGS, cli, tiny_hparams
-from t2t_lite import registry
-from t2t_lite.steps import plan
-from t2t_lite.decide import Checkpointing, Evaluation, Stopping
-from t2t_lite.train import RunOptions, Trainer
+from t2t_lite.core import registry
+from t2t_lite.training.steps import run_steps
+from t2t_lite.training.options import Checkpointing, Evaluation, Stopping
+from t2t_lite.training.options import RunOptions
+from t2t_lite.training.loop import Trainer
 
 
 def make_trainer(output_dir, data_dir, train_steps, accumulate_steps=4, **options):
@@ -21,7 +22,7 @@ def make_trainer(output_dir, data_dir, train_steps, accumulate_steps=4, **option
   run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=11,
                    evaluation=Evaluation(frequency=0), log_every=1,
                    checkpointing=Checkpointing(save_steps=1000), **options)
-  return Trainer(hparams, problem, plan(hparams, 1, train_steps), run)
+  return Trainer(hparams, problem, run_steps(hparams, 1, train_steps), run)
 
 
 def test_train_steps_counts_updates(multi30k_data, tmp_path):
@@ -155,7 +156,7 @@ def test_time_budget_stops_a_run_of_skipped_float16_updates(multi30k_data, tmp_p
 
 def test_overflows_at_the_minimum_scale_stop_a_diverging_run(multi30k_data, tmp_path,
                                                               monkeypatch):
-  from t2t_lite.errors import RunError
+  from t2t_lite.core.errors import RunError
   trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=50, accumulate_steps=1)
   # what the learner reports for an overflow it cannot absorb (see test_mixed_precision)
   calls = _fake_steps(trainer, monkeypatch, {"finite": False, "overflow": False})
@@ -178,18 +179,18 @@ def test_a_stop_signal_is_seen_after_skipped_updates(multi30k_data, tmp_path, mo
 def test_dev_loss_has_no_label_smoothing_and_perplexity_is_its_exponential(multi30k_data,
                                                                            tmp_path):
   import math
-  from t2t_lite import data
+  from t2t_lite.data import eval_input
   hparams = tiny_hparams()
   assert hparams.label_smoothing == 0.1
   options = RunOptions(output_dir=str(tmp_path / "run"), data_dir=multi30k_data,
                        evaluation=Evaluation(frequency=1, steps=3, bleu_sentences=0))
   trainer = Trainer(hparams, registry.problem("translate_ende_multi30k"),
-                    plan(hparams, 1, 1), options)
+                    run_steps(hparams, 1, 1), options)
   results = trainer.evaluator.evaluate(0)
   trainer.evaluator.flush()
   model = trainer.learner.model
   nll = smoothed = tokens = 0.0
-  for batch in data.eval_dataset(trainer.evaluator.dev_files, trainer.hparams).take(3):
+  for batch in eval_input.eval_dataset(trainer.evaluator.dev_files, trainer.hparams).take(3):
     logits = model(batch["inputs"], batch["targets"])
     weights = tf.cast(batch["targets"] > 0, tf.float32)
     nll += float(tf.reduce_sum(weights * tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -212,7 +213,7 @@ def test_no_device_read_between_log_lines(multi30k_data, tmp_path):
                        evaluation=Evaluation(frequency=0), log_every=3,
                        checkpointing=Checkpointing(save_steps=0))
   reads, trainer = host_reads_by_update(lambda hook: Trainer(
-      hparams, registry.problem("translate_ende_multi30k"), plan(hparams, 1, 8), options,
+      hparams, registry.problem("translate_ende_multi30k"), run_steps(hparams, 1, 8), options,
       after_update=hook))
   # Updates 2-7 are counted (the first holds the restore and first traces, the last the
   # stop's save): 3 and 6 log.
@@ -226,9 +227,9 @@ def test_a_missing_bleu_tokenizer_is_refused_before_training(monkeypatch, tmp_pa
   """Dev BLEU of Japanese targets needs MeCab: refused when the run is set up, not at its
   first evaluation (which would lose the updates before it)."""
   import sys
-  from t2t_lite.decide import Stopping
-  from t2t_lite.errors import UsageError
-  from t2t_lite.evaluation import Evaluator
+  from t2t_lite.training.options import Stopping
+  from t2t_lite.core.errors import UsageError
+  from t2t_lite.training.evaluation import Evaluator
   monkeypatch.setitem(sys.modules, "MeCab", None)  # as if not installed
   with pytest.raises(UsageError, match=r"dev_bleu during training: BLEU for Japanese targets "
                      r"needs .*; or evaluate without it \(--eval_metrics without dev_bleu\)"):

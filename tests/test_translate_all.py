@@ -9,13 +9,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, TINY_HPARAMS, cli, multi30k_dir
+from conftest import REPO, TINY_HPARAMS, cli, popen, multi30k_dir
 
 PROGRAM = os.path.join(REPO, "bin", "t2t-lite-translate-all")
 ENV = {"PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
@@ -33,8 +32,7 @@ SCORE_LINE = re.compile(r"^(ckpt-\d+) \(update (\d+)\): BLEU (\d+\.\d\d)$")
 
 
 def translate_all(*args, timeout=300):
-  return subprocess.run([sys.executable, PROGRAM, *args], capture_output=True, text=True,
-                        timeout=timeout, env=dict(os.environ, **ENV))
+  return cli("t2t-lite-translate-all", *args, timeout=timeout, env=ENV)
 
 
 def digest(directory, skip=("eval_bleu",)):
@@ -229,8 +227,8 @@ def test_watching_scores_checkpoints_as_they_appear(run, texts, scored, tmp_path
   args = [f"--output_dir={watched}", *scored["args"][1:], "--min_steps=2",
           "--wait_minutes=0.05"]
   with open(tmp_path / "stderr", "w+") as stderr:
-    process = subprocess.Popen([sys.executable, PROGRAM, *args], stdout=subprocess.PIPE,
-                               stderr=stderr, text=True, env=dict(os.environ, **ENV))
+    process = popen([PROGRAM, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                    env=dict(os.environ, **ENV))
     killer = threading.Timer(240, process.kill)
     killer.start()
     out = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, NO_EVAL_FLAGS, TINY_FLAGS, TINY_HPARAMS, cli
+from conftest import BIN, NO_EVAL_FLAGS, TINY_FLAGS, TINY_HPARAMS, cli, popen
 
 LINES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Kids."]
 
@@ -144,7 +144,7 @@ def test_return_beams_writes_the_nbest_with_scores(nbest):
 def test_interactive_decoding_answers_each_line_as_it_comes(tiny_run, nbest):
   """Each line's translation arrives before the next line is written (a pipe, not a file),
   and equals the best of the n-best file (beam 3, each sentence decoded alone)."""
-  process = subprocess.Popen(
+  process = popen(
       [os.path.join(BIN, "t2t-lite-decoder"), f"--output_dir={tiny_run['output_dir']}",
        "--decode_interactive", "--decode_hparams=beam_size=3"],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -168,7 +168,7 @@ def _teacher_forced_sum(model, source_ids, target_ids):
 
 
 def test_score_file_gives_the_log_probability_of_each_pair(tiny_run, tmp_path):
-  from t2t_lite import inference
+  from t2t_lite.inference import translator
   pairs = [("A man is riding a bike.", "Ein Mann fährt Fahrrad."),
            ("Two dogs play in the snow near a red house.", "Zwei Hunde spielen im Schnee."),
            ("Kids.", "")]
@@ -178,7 +178,7 @@ def test_score_file_gives_the_log_probability_of_each_pair(tiny_run, tmp_path):
                f"--decode_to_file={tmp_path / 'scores.txt'}", check=True)
   assert "scored 3 lines" in result.stderr
   scores = [float(x) for x in (tmp_path / "scores.txt").read_text().split()]
-  run = inference.load(tiny_run["output_dir"])
+  run = translator.load(tiny_run["output_dir"])
   expected = [_teacher_forced_sum(run.model, run.vocab.encode(s), run.vocab.encode(t))
               for s, t in pairs]
   np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)

@@ -22,8 +22,8 @@ import shutil
 from absl import flags, logging
 
 from t2t_lite.cli import common
-from t2t_lite.errors import RunError, UsageError
-from t2t_lite import files
+from t2t_lite.core.errors import RunError, UsageError
+from t2t_lite.core import files
 
 flags.DEFINE_string("output_dir", None, "The training run directory (read only).")
 common.define_count("num_last_checkpoints", 5, "How many of the newest checkpoints to "
@@ -68,20 +68,20 @@ def check_dirs(output_dir: str, avg_dir: str) -> None:
 
 def _written_by_average(name: str) -> bool:
   """What `average` writes into --avg_dir: its marker, the run's record, one checkpoint."""
-  from t2t_lite import rundir
+  from t2t_lite.runs import rundir
   return (name in (MARKER, rundir.META_FILE, "checkpoint")
           or re.fullmatch(r"ckpt-\d+\.(index|data-\d+-of-\d+)", name) is not None)
 
 
 def _read_weights(model, path: str, weights: str) -> str:
-  from t2t_lite import inference
-  return inference.restore(model, path, weights)
+  from t2t_lite.inference import translator
+  return translator.restore(model, path, weights)
 
 
 def _best_checkpoints(output_dir: str, count: int | None) -> list[str]:
   """The `count` best (all if None) of the checkpoints the trainer kept in OUTPUT_DIR/best,
   oldest first."""
-  from t2t_lite import best
+  from t2t_lite.training import best
   _, kept = best.read(os.path.join(output_dir, "best"))
   if not kept:
     raise UsageError(f"{output_dir}/best keeps no checkpoints (trained with "
@@ -99,14 +99,14 @@ def _paths(output_dir: str, num_last: int, best_of: int | None) -> list[str]:
   """The checkpoints to average, oldest first: the newest num_last, or the best ones."""
   if best_of is not None:
     return _best_checkpoints(output_dir, best_of or None)
-  from t2t_lite.checkpoints import newest_first
+  from t2t_lite.runs.checkpoints import newest_first
   return list(reversed(newest_first(output_dir)[:num_last]))
 
 
 def _mean_of(tf, model, output_dir: str, num_last: int, best_of: int | None,
              weights: str) -> tuple[list[str], str]:
   """Assigns to `model` the mean of the chosen checkpoints' `weights` (see
-  inference.restore); their paths and the weights read ("ema" or "raw")."""
+  translator.restore); their paths and the weights read ("ema" or "raw")."""
   for attempt in range(ATTEMPTS):
     paths = _paths(output_dir, num_last, best_of)
     if not paths:
@@ -134,7 +134,7 @@ def _mean_of(tf, model, output_dir: str, num_last: int, best_of: int | None,
 
 
 def _update_of(path: str) -> int:
-  from t2t_lite.checkpoints import recorded_update
+  from t2t_lite.runs.checkpoints import recorded_update
   update = recorded_update(path)
   if update is None:
     raise UsageError(f"checkpoint {path} records no update (Adam's step); average the "
@@ -144,10 +144,11 @@ def _update_of(path: str) -> int:
 
 def average(output_dir: str, num_last: int, avg_dir: str, best_of: int | None = None,
             weights: str = "auto") -> tuple[str, list[str]]:
-  """Averages the model weights (`weights`, see inference.restore) of the newest `num_last`
+  """Averages the model weights (`weights`, see translator.restore) of the newest `num_last`
   checkpoints, or with `best_of` of the best ones kept in OUTPUT_DIR/best (0: all of them),
   into `avg_dir`."""
-  from t2t_lite import registry, rundir
+  from t2t_lite.core import registry
+  from t2t_lite.runs import rundir
   check_dirs(output_dir, avg_dir)
   tf = common.import_tensorflow()
   hparams, meta = rundir.model_from_run(output_dir)

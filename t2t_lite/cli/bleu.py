@@ -13,7 +13,7 @@ import os
 from absl import flags
 
 from t2t_lite.cli import common
-from t2t_lite.errors import UsageError
+from t2t_lite.core.errors import UsageError
 
 flags.DEFINE_string("translation", None, "Detokenized system output, one line per sentence.")
 flags.DEFINE_string("reference", None, "Reference translations (.gz allowed).")
@@ -24,8 +24,8 @@ FLAGS = flags.FLAGS
 
 
 def main() -> None:
-  from t2t_lite.metrics import DECODED, corpus_scores, scorer
-  from t2t_lite.problems.base import read_lines
+  from t2t_lite.inference.metrics import DECODED, corpus_scores, scorer
+  from t2t_lite.data.text import read_lines
   common.require(FLAGS.translation, "translation", "test.de.out")
   common.require(FLAGS.reference, "reference", "test.de")
   names = list(dict.fromkeys(FLAGS.metrics))
@@ -43,7 +43,7 @@ def main() -> None:
     raise UsageError(f"line counts differ: {FLAGS.translation} has {len(hypotheses)} lines, "
                      f"{FLAGS.reference} has {len(references)}")
   if names == ["bleu"]:  # sacreBLEU's own line, with its counts and brevity penalty
-    from t2t_lite.metrics import bleu
+    from t2t_lite.inference.metrics import bleu
     score = bleu(hypotheses, references, FLAGS.target_lang)
     print(f"{score}\n{score.signature}")
     return

@@ -13,8 +13,8 @@ import traceback
 
 from absl import app, flags, logging
 
-from t2t_lite.errors import RunError, UsageError
-from t2t_lite.runtime import import_tensorflow  # noqa: F401  (the programs' one way in)
+from t2t_lite.core.errors import RunError, UsageError
+from t2t_lite.core.runtime import import_tensorflow  # noqa: F401  (the programs' one way in
 
 flags.DEFINE_bool("debug", False, "Print Python tracebacks for usage and run errors.")
 FLAGS = flags.FLAGS
@@ -25,7 +25,7 @@ def _fail(program: str, err: Exception) -> None:
     traceback.print_exc()
   print(f"{program}: error: {err}", file=sys.stderr)
   code = getattr(err, "exit_code", 1)
-  distribute = sys.modules.get("t2t_lite.distribute")  # loaded only by a training process
+  distribute = sys.modules.get("t2t_lite.cluster.distribute")  # loaded only by a training process
   if distribute is not None:
     distribute.exit_now(code)
   sys.exit(code)

@@ -32,8 +32,8 @@ FLAGS = flags.FLAGS
 
 
 def main() -> None:
-  from t2t_lite import registry
-  from t2t_lite.problems.base import SAMPLED
+  from t2t_lite.core import registry
+  from t2t_lite.data.problems.base import SAMPLED
   common.require(FLAGS.problem, "problem", "translate_ende_multi30k")
   problem = registry.problem(FLAGS.problem)
   common.require(FLAGS.data_dir, "data_dir", "data/multi30k_ende")

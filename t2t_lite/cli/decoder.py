@@ -13,10 +13,10 @@ import sys
 
 from absl import flags
 
-from t2t_lite import inference
+from t2t_lite.inference import translator
 from t2t_lite.cli import common
-from t2t_lite.errors import UsageError
-from t2t_lite.files import write_atomic
+from t2t_lite.core.errors import UsageError
+from t2t_lite.core.files import write_atomic
 
 flags.DEFINE_string("problem", None, "Registered problem (default: the run's).")
 flags.DEFINE_string("hparams_set", None, "Hparams set (default: the run's hparams.json).")
@@ -28,7 +28,7 @@ flags.DEFINE_string("decode_hparams", "", "beam_size (4), alpha (0.6), extra_dec
                     "(with --engine=ctranslate2, the export's unless given here); batch_size "
                     "(sentences per batch, 0: no limit) and batch_tokens (source tokens per "
                     "batch, padding included, 0: no limit; with neither given, "
-                    f"{inference.DEFAULT_BATCH_TOKENS}); return_beams (write the beam_size "
+                    f"{translator.DEFAULT_BATCH_TOKENS}); return_beams (write the beam_size "
                     "best with their scores, tab-separated).")
 flags.DEFINE_string("decode_from_file", None, "Source text, one sentence a line (.gz allowed).")
 flags.DEFINE_string("decode_to_file", None, "Where the translations (or the --score_file "
@@ -58,9 +58,9 @@ def ctranslate2_engine(options, given_keys: set[str]):
   if given:
     raise UsageError(f"--{given[0]} is not read with --engine=ctranslate2: the export holds "
                      "the model and its vocabulary; drop it")
-  from t2t_lite.export import read_info
-  from t2t_lite.export.ctranslate2_decoder import Ctranslate2Decoder
-  from t2t_lite.problems.vocab import SubwordVocab
+  from t2t_lite.inference.export import read_info
+  from t2t_lite.inference.export.ctranslate2_decoder import Ctranslate2Decoder
+  from t2t_lite.data.vocab import SubwordVocab
   info = read_info(FLAGS.export_dir, "ctranslate2")
   options = dataclasses.replace(options, **{
       key: info[key] for key in ("beam_size", "alpha", "extra_decode_length")
@@ -102,7 +102,7 @@ def _engine(options, given_keys: set[str]):
   if FLAGS.export_dir:
     raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
                      "--output_dir alone for the tensorflow engine")
-  run = inference.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
+  run = translator.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
                        FLAGS.hparams, FLAGS.problem, FLAGS.data_dir, FLAGS.weights)
   print(f"weights: {run.weights_read}", file=sys.stderr)
   return run.decoder(options), run.vocab, run.hparams.max_length, options
@@ -110,7 +110,7 @@ def _engine(options, given_keys: set[str]):
 
 def _score_pairs() -> list[tuple[str, str]]:
   """The (source, target) lines of --score_file, checked before anything is built."""
-  from t2t_lite.problems.base import read_lines
+  from t2t_lite.data.text import read_lines
   lines = read_lines(FLAGS.score_file)
   if not lines:
     raise UsageError(f"--score_file={FLAGS.score_file} is empty; nothing to score")
@@ -131,9 +131,9 @@ def _score(translator, pairs) -> None:
 
 
 def main() -> None:
-  from t2t_lite.problems.base import read_lines
+  from t2t_lite.data.text import read_lines
   mode = _mode()
-  options, given_keys = inference.decode_options(FLAGS.decode_hparams)
+  options, given_keys = translator.decode_options(FLAGS.decode_hparams)
   if mode == "score":
     for key in sorted(given_keys - {"batch_size", "batch_tokens"}):
       raise UsageError(f"--decode_hparams: {key} is not read with --score_file (forced "
@@ -143,7 +143,7 @@ def main() -> None:
   if mode == "translate" and not lines:
     raise UsageError(f"--decode_from_file={FLAGS.decode_from_file} is empty; nothing to decode")
   decoder, vocab, max_length, options = _engine(options, given_keys)
-  translate = inference.Translator(decoder, vocab, max_length, options)
+  translate = translator.Translator(decoder, vocab, max_length, options)
   if mode == "score":
     _score(translate, pairs)
     return

@@ -9,7 +9,7 @@ import sys
 from absl import flags, logging
 
 from t2t_lite.cli import common
-from t2t_lite.errors import UsageError
+from t2t_lite.core.errors import UsageError
 
 flags.DEFINE_string("output_dir", None, "The training (or averaged) run directory.")
 flags.DEFINE_string("checkpoint_path", None, "A checkpoint (default: the newest in output_dir).")
@@ -27,8 +27,8 @@ FLAGS = flags.FLAGS
 
 def check_flags() -> None:
   """Usage errors that need no TensorFlow: flags, formats, the export directory."""
-  from t2t_lite.export import FORMATS, check_export_dir, export_hparams
-  from t2t_lite.export.ctranslate2_model import QUANTIZATIONS
+  from t2t_lite.inference.export import FORMATS, check_export_dir, export_hparams
+  from t2t_lite.inference.export.ctranslate2_model import QUANTIZATIONS
   if not FLAGS.output_dir:  # also with --checkpoint_path: its hparams.json names the model
     raise UsageError("--output_dir is required, e.g. --output_dir=runs/ende_avg")
   common.require(FLAGS.export_dir, "export_dir", "exports/ende")
@@ -54,7 +54,7 @@ def check_flags() -> None:
 
 def main() -> None:
   check_flags()
-  from t2t_lite import export
+  from t2t_lite.inference import export
   export.export_run(FLAGS.output_dir, FLAGS.export_dir, FLAGS.format, FLAGS.checkpoint_path,
                     FLAGS.data_dir, FLAGS.decode_hparams, FLAGS.quantization, FLAGS.weights)
   logging.info("exported %s", FLAGS.export_dir)

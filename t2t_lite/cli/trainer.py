@@ -1,4 +1,4 @@
-"""t2t-lite-trainer: trains a registered hparams set on a problem, or prints the plan."""
+"""t2t-lite-trainer: trains a registered hparams set on a problem, or prints the run_steps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from absl import flags
 
 from t2t_lite.cli import common
-from t2t_lite.errors import RunError, UsageError
+from t2t_lite.core.errors import RunError, UsageError
 
 flags.DEFINE_string("problem", "translate_ende_multi30k", "Registered problem.")
 flags.DEFINE_string("model", None, "Registered model (default: the hparams' model, "
@@ -103,7 +103,7 @@ def _format_bytes(count: int) -> str:
 
 
 def main() -> None:
-  from t2t_lite import registry
+  from t2t_lite.core import registry
 
   if FLAGS.registry_help:
     print(registry.help_string())
@@ -119,7 +119,7 @@ def main() -> None:
   if not cluster:
     _train(*resolved)
     return
-  from t2t_lite import distribute
+  from t2t_lite.cluster import distribute
   with distribute.shared_failures():
     _train(*resolved)
 
@@ -130,7 +130,7 @@ def _join_and_report(err: Exception) -> str | None:
   join."""
   try:
     common.import_tensorflow(before_devices=_resolve_cluster)
-    from t2t_lite import distribute
+    from t2t_lite.cluster import distribute
     _, _, task = distribute.make_strategy("multi_worker", 1, FLAGS.slurm_port_base)
     return distribute.report_failure(task, err)
   except Exception:  # noqa: BLE001  (no cluster to tell: the error itself is what matters)
@@ -139,7 +139,8 @@ def _join_and_report(err: Exception) -> str | None:
 
 def _resolve():
   """Everything that needs no TensorFlow: flags, names, the run's record."""
-  from t2t_lite import registry, rundir
+  from t2t_lite.core import registry
+  from t2t_lite.runs import rundir
 
   if not FLAGS.dry_run:
     common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
@@ -167,7 +168,7 @@ def _resolve():
   hparams, previous, hparams_set = rundir.resolve(
       FLAGS.hparams_set, ",".join(filter(None, [model_override, FLAGS.hparams])),
       FLAGS.output_dir, FLAGS.allow_hparams_change)
-  from t2t_lite import steps
+  from t2t_lite.training import steps
   steps.check(hparams, FLAGS.train_steps)
   problem = registry.problem(_from_run(previous, "problem", "problem"))
   if FLAGS.model and hparams.model != FLAGS.model:
@@ -192,7 +193,8 @@ def _resolve():
 def _source_vocab_file(start) -> str:
   """The --warm_start_from run's vocabulary where it is another than this run's ("" when it
   is the same); --warm_start_vocab_rows is refused where there is nothing to map."""
-  found = (_source_vocabulary(FLAGS.warm_start_from, start.snapshot)
+  from t2t_lite.adapting import warm_start
+  found = (warm_start.source_vocabulary(FLAGS.warm_start_from, start.snapshot)
            if FLAGS.warm_start_from and start.snapshot else "")
   if FLAGS.warm_start_from and start.snapshot and not found and FLAGS[
       "warm_start_vocab_rows"].present:
@@ -202,35 +204,11 @@ def _source_vocab_file(start) -> str:
   return found
 
 
-def _source_vocabulary(source: str, snapshot) -> str:
-  """The model file of the vocabulary the --warm_start_from run was trained with, if it is
-  another than `snapshot`'s (its rows are then mapped by piece, t2t_lite.vocab_map); "" when
-  it is the same, or the source recorded none."""
-  from t2t_lite import registry, rundir
-  meta = rundir.read_meta(source if os.path.isdir(source) else os.path.dirname(source) or ".")
-  recorded = rundir.data_record_of(meta)
-  if not recorded or recorded.get("vocab_sha256") == snapshot.vocab_sha256():
-    return ""
-  where = f"{recorded.get('problem')} in {meta.get('data_dir')}"
-  try:
-    theirs = registry.problem(recorded["problem"]).snapshot(meta["data_dir"], vocab_only=True)
-    found = theirs.vocab_sha256()
-  except UsageError as err:
-    raise UsageError(f"--warm_start_from={source} was trained with another vocabulary; mapping "
-                     f"its rows onto this one needs that vocabulary ({where}), which is not "
-                     f"readable: {err}") from None
-  if found != recorded["vocab_sha256"]:
-    raise UsageError(f"--warm_start_from={source} was trained with the vocabulary of sha256 "
-                     f"{recorded['vocab_sha256'][:12]}; {where} now holds another "
-                     f"({found[:12]}), so its rows cannot be mapped; restore that data")
-  return theirs.vocab().model_file
-
-
 def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
-  from t2t_lite import steps
+  from t2t_lite.training import steps
 
   tf = common.import_tensorflow(before_devices=_resolve_cluster)
-  from t2t_lite import distribute
+  from t2t_lite.cluster import distribute
   if FLAGS.dry_run:
     replicas = distribute.planned_replicas(FLAGS.strategy, FLAGS.cpu_replicas)
   else:
@@ -239,9 +217,9 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
     replicas = strategy.num_replicas_in_sync
     if FLAGS.strategy == "multi_worker":
       distribute.agree(strategy, _settings(start.snapshot, hparams, seed))
-  plan = steps.plan(hparams, replicas, FLAGS.train_steps)
+  run_steps = steps.run_steps(hparams, replicas, FLAGS.train_steps)
   vocab_size = start.snapshot.vocab().size if start.snapshot else problem.vocab_size_in(data_dir)
-  summary = _summary(problem, hparams, hparams_set, plan, vocab_size)
+  summary = _summary(problem, hparams, hparams_set, run_steps, vocab_size)
   if FLAGS.dry_run:
     print("\n".join(summary))
     print("hparams:")
@@ -252,9 +230,9 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
   if FLAGS.deterministic:
     tf.config.experimental.enable_op_determinism()
   tf.keras.utils.set_random_seed(seed)
-  from t2t_lite import train
+  from t2t_lite.training import loop
   os.makedirs(FLAGS.output_dir, exist_ok=True)
-  trainer = train.Trainer(hparams, problem, plan, _run_options(data_dir, seed, start),
+  trainer = loop.Trainer(hparams, problem, run_steps, _run_options(data_dir, seed, start),
                           strategy, is_chief, task, start=start)
   trainer.restore()  # a resume it refuses (another layout, say) writes nothing
   if is_chief:
@@ -268,15 +246,15 @@ def _train(problem, hparams, start, hparams_set, data_dir, seed) -> None:
     distribute.leave_cluster(is_chief)
 
 
-def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[str]:
+def _summary(problem, hparams, hparams_set: str, run_steps, vocab_size: int) -> list[str]:
   """What the run will do, printed before it trains (and alone with --dry_run)."""
-  from t2t_lite import rundir
+  from t2t_lite.runs import rundir
   params = rundir.parameter_count(hparams, vocab_size)
   trained = rundir.parameter_count(hparams, vocab_size, trained_only=True)
-  accumulators = trained * 4 if plan.accumulation.needs_accumulators else 0
+  accumulators = trained * 4 if run_steps.accumulation.needs_accumulators else 0
   summary = [f"hparams set: {hparams_set}"
              + (f" with --hparams={FLAGS.hparams}" if FLAGS.hparams else ""),
-             f"problem: {problem.name} (vocabulary {vocab_size})", *plan.lines(),
+             f"problem: {problem.name} (vocabulary {vocab_size})", *run_steps.lines(),
              f"parameters: {params:,} ({_format_bytes(params * 4)} float32)"
              + (f"; {trained:,} train (frozen_parts={hparams.frozen_parts})"
                 if trained != params else ""),
@@ -294,9 +272,8 @@ def _summary(problem, hparams, hparams_set: str, plan, vocab_size: int) -> list[
 
 def _run_options(data_dir: str, seed: int, start):
   """The flags of the run, as the library's option groups."""
-  from t2t_lite import train
-  from t2t_lite.decide import Checkpointing, Stopping
-  return train.RunOptions(
+  from t2t_lite.training.options import Checkpointing, RunOptions, Stopping
+  return RunOptions(
       output_dir=FLAGS.output_dir, data_dir=data_dir, seed=seed,
       checkpointing=Checkpointing(
           save_steps=FLAGS.save_checkpoints_steps, save_secs=FLAGS.save_checkpoints_secs,
@@ -317,9 +294,9 @@ def _run_options(data_dir: str, seed: int, start):
 
 
 def _evaluation():
-  from t2t_lite.decide import Evaluation
-  from t2t_lite.metrics import parse_metrics
-  from t2t_lite.metrics import judged_by
+  from t2t_lite.training.options import Evaluation
+  from t2t_lite.inference.metrics import parse_metrics
+  from t2t_lite.inference.metrics import judged_by
   sentences = FLAGS.eval_bleu_sentences if FLAGS.local_eval_frequency else 0
   metrics = parse_metrics(FLAGS.eval_metrics, sentences)
   if FLAGS.local_eval_frequency:
@@ -333,7 +310,7 @@ def _evaluation():
 
 def _record(trainer, start, hparams_set: str, data_dir: str, vocab_size: int, seed: int):
   """The run's record (hparams.json), written by the chief once the resume is accepted."""
-  from t2t_lite import rundir
+  from t2t_lite.runs import rundir
   previous = start.record
   meta = {"hparams_set": hparams_set, "problem": trainer.problem.name,
           "train_minutes": _train_minutes(previous), "xla_compile": FLAGS.xla_compile,
@@ -355,7 +332,7 @@ def _settings(snapshot, hparams, seed: int) -> dict[str, str]:
   and --hparams, whose resolved values are compared, in any order given), the hparams and
   seed, the data's manifest and the program."""
   import t2t_lite
-  from t2t_lite.problems.base import file_sha256
+  from t2t_lite.data.text import file_sha256
   names = {flag.name for module in (__name__, common.__name__)
            for flag in FLAGS.flags_by_module_dict().get(module, [])}
   # (--warm_start_from: a path, resolved by the chief for all)
@@ -372,7 +349,7 @@ def _settings(snapshot, hparams, seed: int) -> dict[str, str]:
 
 
 def _train_minutes(recorded: dict | None) -> float:
-  from t2t_lite import rundir
+  from t2t_lite.runs import rundir
   return rundir.train_minutes(recorded, FLAGS.train_minutes if FLAGS["train_minutes"].present
                               else None)
 
@@ -430,7 +407,7 @@ def _check_early_stopping() -> None:
 def _resolve_cluster() -> None:
   """A Slurm task's GPUs must be chosen before TensorFlow lists the devices."""
   if FLAGS.strategy == "multi_worker" and not FLAGS.dry_run:
-    from t2t_lite import distribute
+    from t2t_lite.cluster import distribute
     distribute.cluster_resolver(FLAGS.slurm_port_base)
 
 

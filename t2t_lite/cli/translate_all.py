@@ -31,11 +31,12 @@ import time
 
 from absl import flags, logging
 
-from t2t_lite import files, inference
-from t2t_lite.cli import bleu as bleu_cli  # noqa: F401  (its --reference and --target_lang)
+from t2t_lite.core import files
+from t2t_lite.inference import translator
+from t2t_lite.cli import bleu as bleu_cli  # noqa: F401  (its --reference and --target_lang
 from t2t_lite.cli import common
-from t2t_lite.cli import decoder as decoder_cli  # noqa: F401  (its flags, shared)
-from t2t_lite.errors import RunError, UsageError
+from t2t_lite.cli import decoder as decoder_cli  # noqa: F401  (its flags, shared
+from t2t_lite.core.errors import RunError, UsageError
 
 # The decoder's and the scorer's flags, with their meaning: --output_dir, --data_dir,
 # --problem, --hparams_set, --hparams, --decode_hparams, --decode_from_file; --reference,
@@ -112,6 +113,10 @@ class Record:
                        f"--target_lang and --decode_hparams, or move {eval_dir} away to start "
                        "a new curve")
 
+  def scoring_against(self, scored_against: dict) -> None:
+    """What the checkpoints are decoded with from here on (Scorer.scored_against)."""
+    self.scored_against = scored_against
+
   def add(self, name: str, entry: dict) -> None:
     self.scored[name] = entry
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -136,8 +141,8 @@ def _check_translations_dir(path: str, output_dir: str) -> None:
 
 def check_flags():
   """All usage errors, before TensorFlow starts: (options, sources, references, record)."""
-  from t2t_lite.metrics import bleu_tokenizer
-  from t2t_lite.problems.base import read_lines
+  from t2t_lite.inference.metrics import bleu_tokenizer
+  from t2t_lite.data.text import read_lines
   common.require(FLAGS.output_dir, "output_dir", "runs/multi30k")
   for name, why in NOT_READ.items():
     if FLAGS[name].present:
@@ -153,7 +158,7 @@ def check_flags():
   if len(sources) != len(references):
     raise UsageError(f"line counts differ: {FLAGS.decode_from_file} has {len(sources)} lines, "
                      f"{FLAGS.reference} has {len(references)}")
-  options, given = inference.decode_options(FLAGS.decode_hparams)
+  options, given = translator.decode_options(FLAGS.decode_hparams)
   if "return_beams" in given:
     raise UsageError("--decode_hparams: return_beams is not read here (BLEU scores the best "
                      "hypothesis); drop it")
@@ -164,7 +169,7 @@ def check_flags():
   if not FLAGS.wait_minutes:  # a watched run may not have started yet
     if not os.path.isdir(output_dir):
       raise UsageError(f"--output_dir={output_dir} does not exist")
-    from t2t_lite import rundir
+    from t2t_lite.runs import rundir
     if rundir.read_meta(output_dir) is None:
       raise UsageError(f"--output_dir={output_dir} holds no {rundir.META_FILE}; pass the "
                        "directory of a training run")
@@ -188,11 +193,11 @@ class Scorer:
   search is traced once."""
 
   def __init__(self, output_dir: str, options):
-    from t2t_lite import rundir
+    from t2t_lite.runs import rundir
     if rundir.read_meta(output_dir) is None:
       raise UsageError(f"--output_dir={output_dir} holds no {rundir.META_FILE}; pass the "
                        "directory of a training run")
-    self.run = inference.build(output_dir, FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
+    self.run = translator.build(output_dir, FLAGS.hparams_set, FLAGS.hparams, FLAGS.problem,
                                FLAGS.data_dir)
     self.translate = self.run.translator(options)
     # what the curve decoded with, recorded beside it
@@ -206,11 +211,11 @@ class Scorer:
   def update_of(self, path: str) -> int:
     """The update a checkpoint records: Adam's step (skipped non-finite updates do not
     count), or for an average, the update of the newest checkpoint averaged."""
-    from t2t_lite.formats import checkpoint_update
-    return checkpoint_update(path)
+    from t2t_lite.runs.checkpoints import update_of
+    return update_of(path)
 
   def restore(self, path: str) -> str:
-    return inference.restore(self.run.model, path, FLAGS.weights)
+    return translator.restore(self.run.model, path, FLAGS.weights)
 
 
 class Curve:
@@ -255,7 +260,7 @@ class Curve:
       new += name not in self.seen
       if self.scorer is None:  # built for the first checkpoint (the run has started by then)
         self.scorer = Scorer(self.output_dir, self.options)
-        self.record.scored_against = self.scorer.scored_against
+        self.record.scoring_against(self.scorer.scored_against)
       # Only reading the checkpoint is guarded: a file deleted or cut short surfaces as many
       # error types (NotFoundError, DataLossError, IndexError, ...).
       try:
@@ -278,7 +283,7 @@ class Curve:
     return new
 
   def _score(self, name: str, micro_step: int, update: int, weights: str) -> None:
-    from t2t_lite.metrics import bleu
+    from t2t_lite.inference.metrics import bleu
     start = time.time()
     translations = self.scorer.translate(self.sources)
     score = bleu(translations, self.references, FLAGS.target_lang)

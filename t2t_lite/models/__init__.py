@@ -1,7 +1,7 @@
 """Models, registered by name. A model's module (and TensorFlow) loads when it is built, so
 looking names up (and failing fast on bad flags) needs no TensorFlow."""
 
-from t2t_lite.registry import register_model
+from t2t_lite.core.registry import register_model
 
 
 @register_model(name="transformer")

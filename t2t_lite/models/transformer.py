@@ -14,10 +14,9 @@ import os
 
 import tensorflow as tf
 
-from t2t_lite.hparams_check import frozen_parts, norm_placement
+from t2t_lite.core.hparams_check import frozen_parts, norm_placement
 from t2t_lite.models.layers import (Attention, Dense, FeedForward, Initializer, LayerNorm,
-                                    SeedStream, dropout, keep_scale, residual_rate,
-                                    timing_signal)
+                                    SeedStream, dropout, keep_scale, residual_rate, timing_signal)
 
 NEG_INF = -1e9
 
@@ -216,7 +215,7 @@ class Transformer(tf.Module):
   def __init__(self, hparams, vocab_size: int, seed: int = 1):
     super().__init__(name="transformer")
     if hparams.hidden_size % hparams.num_heads:
-      from t2t_lite.errors import UsageError
+      from t2t_lite.core.errors import UsageError
       raise UsageError(f"hidden_size={hparams.hidden_size} is not a multiple of "
                        f"num_heads={hparams.num_heads}")
     init = Initializer(seed)

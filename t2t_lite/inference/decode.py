@@ -1,0 +1,365 @@
+"""Greedy and beam search over a trained Transformer, with an incremental key/value cache.
+
+Beam search follows tensor2tensor's: 2K candidates per step, the K best unfinished stay
+alive, finished ones are scored log p / ((5 + length) / 6)^alpha, and an input is done when
+no alive hypothesis can still beat the worst finished one. The output length is capped at
+the longest input of the batch + `extra_length` tokens. Padding (id 0, also the start
+symbol) is never predicted: its log-probability is -inf in both searches.
+
+What makes it fast on a CPU (see the model's init_cache for the cache): the 2K candidates
+are found through chunk maxima rather than a top_k over K x V; done inputs leave the batch;
+batches are counted in source tokens; the search is compiled without autograph.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from t2t_lite.inference.batches import decode_batches
+from t2t_lite.data.vocab import EOS_ID
+
+INF = 1e7
+CHUNK = 64  # candidate selection: vocabulary positions per chunk (see _top_candidates)
+
+
+def length_penalty(length, alpha: float):
+  """tensor2tensor's (and GNMT's) ((5 + length) / 6) ^ alpha."""
+  return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+def mask_padding(logits):
+  """Logits [N, V] with padding's (id 0, the start symbol, never an output) at -inf."""
+  vocab = logits.shape[-1]
+  return logits + tf.constant([-float("inf")] + [0.0] * (vocab - 1))
+
+
+def _top_candidates(masked, offset, beam: int, count: int):
+  """The `count` best (value, index) of masked[b * K + k, v] + offset[b, k] over k * V + v.
+
+  Equal to tf.math.top_k on the [B, K * V] sums, but a full top_k over K * V is slow on a CPU
+  (tens of ms for 4 x 8,000): the maxima of CHUNK-wide chunks pick the `count` chunks that
+  must hold the winners (each winner is at most its chunk's maximum), then a small top_k.
+  """
+  batch, vocab = tf.shape(offset)[0], masked.shape[-1]
+  if beam * vocab <= 4 * count * CHUNK:
+    sums = tf.reshape(masked, [batch, beam, vocab]) + offset[:, :, None]
+    return tf.math.top_k(tf.reshape(sums, [batch, beam * vocab]), k=count)
+  width = -(-vocab // CHUNK) * CHUNK
+  if width != vocab:
+    masked = tf.pad(masked, [[0, 0], [0, width - vocab]], constant_values=-float("inf"))
+  per_beam = width // CHUNK
+  chunks = tf.reshape(masked, [batch, beam * per_beam, CHUNK])
+  chunk_offset = tf.repeat(offset, per_beam, axis=1)  # [B, K * per_beam]
+  _, picked = tf.math.top_k(tf.reduce_max(chunks, axis=-1) + chunk_offset, k=count)
+  picked = tf.sort(picked, axis=-1)  # in index order, so ties resolve as top_k's do
+  values = (tf.gather(chunks, picked, batch_dims=1) +
+            tf.gather(chunk_offset, picked, batch_dims=1)[:, :, None])
+  top_values, position = tf.math.top_k(tf.reshape(values, [batch, count * CHUNK]), k=count)
+  index = tf.gather(picked, position // CHUNK, batch_dims=1) * CHUNK + position % CHUNK
+  beam_index, token = index // width, index % width
+  return top_values, beam_index * vocab + token
+
+
+def _loose(structure):
+  """Shape invariants: the rank is kept, every dimension may change."""
+  return tf.nest.map_structure(lambda t: tf.TensorShape([None] * t.shape.rank), structure)
+
+
+def _lengths(ids):
+  """Tokens up to and including the first EOS of each row of ids [..., T] (T if none)."""
+  width = tf.shape(ids)[-1]
+  is_eos = tf.equal(ids, EOS_ID)
+  first = tf.argmax(tf.cast(is_eos, tf.int32), axis=-1, output_type=tf.int32)
+  return tf.where(tf.reduce_any(is_eos, axis=-1), first + 1, width)
+
+
+def greedy_search(model, inputs, decode_length, alpha: float = 0.0,
+                  return_logits: bool = False):
+  """Argmax decoding: (ids [B, T], scores [B]) and, when asked, the logits [B, T, V].
+
+  A score is the summed log-probability up to and including EOS / length_penalty(its length,
+  alpha). `model` is a Transformer (cached decoding) or Uncached(transformer).
+  """
+  memory, bias = model.encode(inputs)
+  batch = tf.shape(inputs)[0]
+  ids = tf.zeros([batch, 0], tf.int32)
+  logits_all = tf.zeros([batch, 0, model.vocab_size])
+  finished = tf.zeros([batch], tf.bool)
+  logp_sum = tf.zeros([batch])
+  cache = model.init_cache(memory, 1, decode_length)
+
+  def body(i, previous, ids, finished, logp_sum, cache, logits_all):
+    logits, cache = model.decode_step(previous, i, cache, bias)
+    masked = mask_padding(logits)
+    token = tf.where(finished, 0, tf.argmax(masked, axis=-1, output_type=tf.int32))
+    picked = (tf.gather(masked, token[:, None], batch_dims=1)[:, 0] -
+              tf.reduce_logsumexp(masked, axis=-1))
+    logp_sum += tf.where(finished, 0.0, picked)
+    ids = tf.concat([ids, token[:, None]], axis=1)
+    if return_logits:
+      logits_all = tf.concat([logits_all, logits[:, None]], axis=1)
+    return (i + 1, token, ids, finished | tf.equal(token, EOS_ID), logp_sum, cache,
+            logits_all)
+
+  def cond(i, previous, ids, finished, logp_sum, cache, logits_all):
+    return (i < decode_length) & ~tf.reduce_all(finished)
+
+  loop_vars = (tf.constant(0), tf.zeros([batch], tf.int32), ids, finished, logp_sum, cache,
+               logits_all)
+  _, _, ids, _, logp_sum, _, logits_all = tf.while_loop(cond, body, loop_vars,
+                                                        shape_invariants=_loose(loop_vars))
+  scores = logp_sum / length_penalty(_lengths(ids), alpha)
+  return (ids, scores, logits_all) if return_logits else (ids, scores)
+
+
+def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
+  """Beam search: (ids [B, K, T], scores [B, K]), the K best hypotheses per input, best first.
+
+  Finished hypotheses (ending in EOS, then padding) come first; where fewer than K finished,
+  the best unfinished ones fill the rest, scored by their length. An input is settled once no
+  alive hypothesis can beat its finished ones (tensor2tensor's bound, per input): its result
+  is written then, so it does not depend on how long the other inputs of the batch run (the
+  best hypothesis is the one the whole-batch loop finds), and settled inputs leave the batch
+  (as soon as a quarter of it has settled), so the work shrinks as it goes.
+  """
+  decode_length = tf.maximum(decode_length, 1)
+  memory, bias = model.encode(inputs)
+  batch, beam = tf.shape(inputs)[0], beam_size
+  cache = model.init_cache(memory, beam, decode_length)
+  vocab = model.vocab_size
+  max_penalty = length_penalty(decode_length, alpha)
+  state = {
+      "rows": tf.range(batch),  # the input each row of the state below stands for
+      "alive_seq": tf.zeros([batch, beam, 0], tf.int32),
+      "alive_logp": tf.tile(tf.constant([[0.0] + [-INF] * (beam_size - 1)]), [batch, 1]),
+      "finished_seq": tf.zeros([batch, beam, 0], tf.int32),
+      "finished_scores": tf.fill([batch, beam], -INF),
+      "finished_flags": tf.zeros([batch, beam], tf.bool),
+      "settled": tf.zeros([batch], tf.bool),
+      "last": tf.zeros([batch * beam], tf.int32),
+      "bias": bias,
+      "cache": cache,
+  }
+  out_ids = tf.zeros([batch, beam, decode_length], tf.int32)
+  out_scores = tf.zeros([batch, beam])
+
+  def grow(s, i):
+    """One step: 2K candidates, the K best unfinished stay alive, the ended ones compete."""
+    logits, cache = model.decode_step(s["last"], i, s["cache"], s["bias"])
+    rows = tf.shape(s["rows"])[0]
+    masked = mask_padding(logits)
+    log_z = tf.reshape(tf.reduce_logsumexp(masked, axis=-1), [rows, beam])
+    top_logp, top_index = _top_candidates(masked, s["alive_logp"] - log_z, beam, 2 * beam)
+    origin, token = top_index // vocab, top_index % vocab
+    top_seq = tf.concat([tf.gather(s["alive_seq"], origin, batch_dims=1), token[:, :, None]], 2)
+    is_eos = tf.equal(token, EOS_ID)
+
+    _, keep = tf.math.top_k(top_logp - tf.cast(is_eos, tf.float32) * INF, k=beam)
+    scores = top_logp / length_penalty(i + 1, alpha) - tf.cast(~is_eos, tf.float32) * INF
+    padded = tf.pad(s["finished_seq"], [[0, 0], [0, 0], [0, 1]])
+    finished_scores, best = tf.math.top_k(tf.concat([s["finished_scores"], scores], 1), k=beam)
+    return {**s,
+            "alive_seq": tf.gather(top_seq, keep, batch_dims=1),
+            "alive_logp": tf.gather(top_logp, keep, batch_dims=1),
+            "last": tf.reshape(tf.gather(token, keep, batch_dims=1), [-1]),
+            "cache": model.reorder_cache(cache, tf.gather(origin, keep, batch_dims=1)),
+            "finished_seq": tf.gather(tf.concat([padded, top_seq], 1), best, batch_dims=1),
+            "finished_scores": finished_scores,
+            "finished_flags": tf.gather(tf.concat([s["finished_flags"], is_eos], 1), best,
+                                        batch_dims=1)}
+
+  def bound_met(s):
+    # tensor2tensor's bound: no alive hypothesis, even at the longest length's penalty, can
+    # beat the lowest-scoring finished one (a row with none finished goes on).
+    best_alive = s["alive_logp"][:, 0] / max_penalty
+    lowest_finished = tf.reduce_min(
+        tf.where(s["finished_flags"], s["finished_scores"], INF), axis=1)
+    return tf.reduce_any(s["finished_flags"], axis=1) & (lowest_finished > best_alive)
+
+  def settle(s, i, out_ids, out_scores):
+    """Writes the results of the rows that settle now (at step i or at the length limit)."""
+    now = ~s["settled"] & (bound_met(s) | (i >= decode_length))
+
+    def write():
+      ids, scores = _nbest(s["finished_seq"], s["finished_scores"], s["finished_flags"],
+                           s["alive_seq"], s["alive_logp"] / length_penalty(i, alpha))
+      where = tf.where(now)[:, 0]
+      targets = tf.gather(s["rows"], where)[:, None]
+      ids = tf.pad(tf.gather(ids, where), [[0, 0], [0, 0], [0, decode_length - i]])
+      return (tf.tensor_scatter_nd_update(out_ids, targets, ids),
+              tf.tensor_scatter_nd_update(out_scores, targets, tf.gather(scores, where)))
+
+    out_ids, out_scores = tf.cond(tf.reduce_any(now), write, lambda: (out_ids, out_scores))
+    return {**s, "settled": s["settled"] | now}, out_ids, out_scores
+
+  def shrink(s):
+    """The state of the unsettled rows only."""
+    keep = tf.cast(tf.where(~s["settled"])[:, 0], tf.int32)
+    gather = lambda t: tf.gather(t, keep)  # noqa: E731
+    beams = tf.reshape(keep[:, None] * beam + tf.range(beam), [-1])
+    return {**{name: gather(s[name]) for name in
+               ("rows", "alive_seq", "alive_logp", "finished_seq", "finished_scores",
+                "finished_flags", "settled", "bias")},
+            "last": tf.gather(s["last"], beams),
+            "cache": model.select_rows(s["cache"], keep)}
+
+  def body(i, s, out_ids, out_scores):
+    s = grow(s, i)
+    s, out_ids, out_scores = settle(s, i + 1, out_ids, out_scores)
+    count = tf.shape(s["rows"])[0]
+    settled = tf.reduce_sum(tf.cast(s["settled"], tf.int32))
+    s = tf.cond((4 * settled >= count) & (settled < count), lambda: shrink(s), lambda: s)
+    return i + 1, s, out_ids, out_scores
+
+  def cond(i, s, out_ids, out_scores):
+    return ~tf.reduce_all(s["settled"])
+
+  loop_vars = (tf.constant(0), state, out_ids, out_scores)
+  steps, _, out_ids, out_scores = tf.while_loop(cond, body, loop_vars,
+                                                shape_invariants=_loose(loop_vars))
+  return out_ids[:, :, :steps], out_scores
+
+
+def _nbest(finished_seq, finished_scores, finished_flags, alive_seq, alive_scores):
+  """Per row: its finished hypotheses (sorted, best first), then alive ones to make K."""
+  beam = tf.shape(finished_seq)[1]
+  count = tf.reduce_sum(tf.cast(finished_flags, tf.int32), axis=1, keepdims=True)  # [B, 1]
+  slot = tf.range(beam)[None, :]
+  from_finished = slot < count
+  index = tf.where(from_finished, slot, slot - count)
+  ids = tf.where(from_finished[:, :, None], tf.gather(finished_seq, index, batch_dims=1),
+                 tf.gather(alive_seq, index, batch_dims=1))
+  scores = tf.where(from_finished, tf.gather(finished_scores, index, batch_dims=1),
+                    tf.gather(alive_scores, index, batch_dims=1))
+  return ids, scores
+
+
+def search(model, inputs, decode_length, beam_size: int, alpha: float):
+  """(ids [B, K, T] int32, scores [B, K] float32): the K = beam_size best hypotheses of each
+  input (0-padded ids [B, S] ending in EOS), best first; K = 1 with greedy (beam_size 1).
+
+  Each hypothesis ends in EOS and 0 padding (or runs to the end without EOS); its score is its
+  summed log-probability (EOS included) / length_penalty(its length with EOS, alpha). Only
+  TensorFlow ops: traceable inside a tf.function and savable.
+  """
+  if beam_size <= 1:
+    ids, scores = greedy_search(model, inputs, decode_length, alpha)
+    return ids[:, None], scores[:, None]
+  return beam_search(model, inputs, decode_length, beam_size, alpha)
+
+
+class Uncached:
+  """The model's decoding interface without a key/value cache: every step reruns the decoder
+  over the whole prefix (for measuring what the cache saves, and for testing it)."""
+
+  def __init__(self, model):
+    self.model = model
+    self.vocab_size = model.vocab_size
+
+  def encode(self, inputs):
+    return self.model.encode(inputs)
+
+  def init_cache(self, memory, beam_size: int, max_length):
+    del max_length  # the prefix grows as needed
+    return {"ids": tf.zeros([tf.shape(memory)[0], beam_size, 0], tf.int32), "memory": memory}
+
+  def reorder_cache(self, cache, origin):
+    return {"ids": tf.gather(cache["ids"], origin, batch_dims=1), "memory": cache["memory"]}
+
+  def select_rows(self, cache, keep):
+    return {"ids": tf.gather(cache["ids"], keep), "memory": tf.gather(cache["memory"], keep)}
+
+  def decode_step(self, ids, position, cache, memory_bias):
+    batch, beam = tf.unstack(tf.shape(cache["ids"])[:2])
+    prefix = tf.concat([cache["ids"], tf.reshape(ids, [batch, beam, 1])], axis=2)
+    rows = tf.reshape(prefix, [batch * beam, -1])
+    logits = self.model.decode(rows, tf.repeat(cache["memory"], beam, axis=0),
+                               tf.repeat(memory_bias, beam, axis=0))[:, -1]
+    return logits, {"ids": prefix, "memory": cache["memory"]}
+
+
+class Decoder:
+  """Batched translation of id sequences with a compiled search."""
+
+  def __init__(self, model, max_length: int = 0, extra_length: int = 50):
+    self.model = model
+    self.max_length = max_length
+    self.extra_length = extra_length
+    self._compiled = {}
+
+  def search_fn(self, beam_size: int, alpha: float, use_cache: bool = True):
+    """The plain callable (inputs [B, S] int32, decode_length int32) -> `search`'s
+    (ids [B, K, T], scores [B, K]), for wrapping in a tf.function (or exporting); it needs
+    no autograph (tf.function(..., autograph=False) traces it in half the time)."""
+    model = self.model if use_cache else Uncached(self.model)
+
+    def run(inputs, decode_length):
+      return search(model, inputs, decode_length, beam_size, alpha)
+    return run
+
+  def _search(self, beam_size: int, alpha: float, use_cache: bool):
+    key = (beam_size, alpha, use_cache)
+    if key not in self._compiled:
+      # No autograph: the search is written with tf.while_loop and tf.cond, and converting
+      # it (and the model it calls) doubled the first trace, a large part of start-up.
+      self._compiled[key] = tf.function(
+          self.search_fn(beam_size, alpha, use_cache), autograph=False,
+          input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32)])
+    return self._compiled[key]
+
+  def batches(self, sources, batch_size: int = 32, batch_tokens: int = 0):
+    """batching.decode_batches with this decoder's max_length."""
+    return decode_batches(sources, self.max_length, batch_size, batch_tokens)
+
+  def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
+                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
+                      ) -> list[list[tuple[list[int], float]]]:
+    """Per source (lists of ids ending in EOS), in the input order: its K = beam_size best
+    (ids without EOS, score) pairs, best first (one pair with greedy). Batches: `batches`."""
+    search = self._search(beam_size, alpha, use_cache)
+    results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
+    for chunk in self.batches(sources, batch_size, batch_tokens):
+      rows = self._truncated([list(sources[i]) for i in chunk])
+      width = max(len(r) for r in rows)
+      padded = tf.constant([r + [0] * (width - len(r)) for r in rows], tf.int32)
+      ids, scores = search(padded, tf.constant(width + self.extra_length, tf.int32))
+      for i, hypotheses, row_scores in zip(chunk, ids.numpy().tolist(), scores.numpy()):
+        results[i] = [(h[:h.index(EOS_ID)] if EOS_ID in h else h, float(score))
+                      for h, score in zip(hypotheses, row_scores)]
+    return results
+
+  def translate_ids(self, sources, beam_size: int = 4, alpha: float = 0.6,
+                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
+                    ) -> list[list[int]]:
+    """The best translation of each of `sources` (lists of ids ending in EOS), in order."""
+    return [nbest[0][0] for nbest in self.translate_nbest(
+        sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]
+
+  def _truncated(self, rows):
+    if not self.max_length:
+      return rows
+    return [r[:self.max_length - 1] + [EOS_ID] if len(r) > self.max_length else r for r in rows]
+
+  def score(self, sources, targets, batch_size: int = 0, batch_tokens: int = 0
+            ) -> list[float]:
+    """Forced decoding: log p(target | source), summed over the target's tokens, its EOS
+    included (no length penalty, no label smoothing), for each pair of id lists ending in
+    EOS, in order. Sources are truncated as for translation; batches: `batches`."""
+    if "score" not in self._compiled:
+      spec = tf.TensorSpec([None, None], tf.int32)
+      self._compiled["score"] = tf.function(self._score_batch, autograph=False,
+                                            input_signature=[spec, spec])
+    results = [0.0] * len(sources)
+    for chunk in self.batches(sources, batch_size, batch_tokens):
+      rows = self._truncated([list(sources[i]) for i in chunk])
+      wanted = [list(targets[i]) for i in chunk]
+      padded = [tf.constant([r + [0] * (max(map(len, group)) - len(r)) for r in group],
+                            tf.int32) for group in (rows, wanted)]
+      for i, value in zip(chunk, self._compiled["score"](*padded).numpy()):
+        results[i] = float(value)
+    return results
+
+  def _score_batch(self, inputs, targets):
+    logits = tf.cast(self.model(inputs, targets), tf.float32)
+    log_probs = tf.gather(tf.nn.log_softmax(logits), targets, batch_dims=2)
+    return tf.reduce_sum(tf.where(tf.not_equal(targets, 0), log_probs, 0.0), axis=1)

@@ -1,4 +1,0 @@
-"""Translation problems. Importing this package registers them."""
-
-from t2t_lite.problems import folder, multi30k, wmt14  # noqa: F401
-from t2t_lite.problems.base import TranslateProblem  # noqa: F401
