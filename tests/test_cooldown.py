@@ -83,7 +83,31 @@ def test_budget_checks_are_due_every_interval_until_the_end_is_fixed():
   assert not decide(Progress(tried=25, seen=24), Agreed(), fixed).read
 
 
-def _trainer(output_dir, data_dir, train_steps, minutes=0.0, **overrides):
+class FakeTime:
+  """The time a run's budget reads (Trainer's `now`): it moves only after each update, by
+  `per_micro_step` seconds for each of the update's micro-steps, so that a budget ends where
+  the arithmetic says on any machine. `at(seconds, action)`: once the time reaches it."""
+
+  def __init__(self, per_micro_step: float, schedule=None):
+    self.seconds, self.per_micro_step = 0.0, per_micro_step
+    self.schedule = schedule or AccumulateSchedule.constant(1)
+    self.actions = []
+
+  def __call__(self) -> float:
+    return self.seconds
+
+  def at(self, seconds, action) -> None:
+    self.actions.append((seconds, action))
+
+  def after_update(self, tried: int) -> None:
+    self.seconds += self.per_micro_step * self.schedule.steps_for(tried)
+    for seconds, action in list(self.actions):
+      if self.seconds >= seconds:
+        self.actions.remove((seconds, action))
+        action()
+
+
+def _trainer(output_dir, data_dir, train_steps, minutes=0.0, clock=None, **overrides):
   hparams = tiny_hparams(**{"learning_rate_schedule": SCHEDULE,
                             "learning_rate_warmup_steps": 8, **overrides})
   run = RunOptions(output_dir=str(output_dir), data_dir=data_dir, seed=3,
@@ -91,36 +115,38 @@ def _trainer(output_dir, data_dir, train_steps, minutes=0.0, **overrides):
                    checkpointing=Checkpointing(save_steps=0),
                    stopping=Stopping(train_minutes=minutes))
   problem = registry.problem("translate_ende_multi30k")
-  return Trainer(hparams, problem, run_steps(hparams, 1, train_steps), run), hparams
+  hooks = {"now": clock, "after_update": clock.after_update} if clock else {}
+  return Trainer(hparams, problem, run_steps(hparams, 1, train_steps), run, **hooks), hparams
 
 
 def test_a_time_budget_fixes_the_last_update_and_a_resumed_run_keeps_it(multi30k_data,
                                                                         tmp_path):
-  """A 12-second budget (the first updates trace the steps: a loaded machine needs the
-  margin), with an accumulation schedule (2 micro-steps an update after update 10). The end
-  is projected from the pace of micro-steps through the schedule and fixed; the learning rate
-  logged at the last update is the cooldown's; resumed, the run ends at the same update."""
+  """A 12-second budget with an accumulation schedule (2 micro-steps an update after update
+  10), at half a second a micro-step. The end is projected from the pace of micro-steps
+  through the schedule and fixed; the learning rate logged at the last update is the
+  cooldown's; resumed, the run ends at the same update."""
   output_dir = tmp_path / "run"
   accumulate = AccumulateSchedule.parse("1@0;2@10")
-  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2,
+  clock = FakeTime(0.5, accumulate)
+  trainer, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2, clock=clock,
                               optimizer_multistep_accumulate_schedule=str(accumulate))
   first = trainer.train()
   # the projection counts the longer updates
   assert trainer.milestones.run_end.pace.schedule == accumulate
   assert first["micro_steps"] == accumulate.micro_steps(first["updates"]), first
+  # Checked after updates 5 (the pace starts; 4 micro-steps timed) and 10 (9 micro-steps):
+  # 2 micro-steps a second; 7.5 s left allow 0.98 x 15 = 14 more micro-steps, 24 in all:
+  # 7 updates of 2 after update 10, so the end is 17, whose cooldown (6 updates) would start
+  # at update 13, before the next check: fixed at update 10.
   end = int(trainer.learner.cooldown_end.numpy())
-  assert 10 < end < 10 ** 5, first  # checks at updates 5 (the pace starts), 10, ...
+  assert end == 17 and first["updates"] == 17, first
+  assert first["stop_reason"] == "the learning-rate cooldown's last update (17) reached"
   length = budget.cooldown_length(end, hparams.learning_rate_cooldown)
-  # the deadline may come a little before the end, never before the cooldown started
-  assert end - length < first["updates"] <= end, (first, end)
   rates = dict(_scalars(output_dir / "train")["learning_rate"])
-  last = first["updates"]
-  assert rates[last] == pytest.approx(_rate(hparams, last, end), rel=1e-5)
-  if last == end:  # else the deadline came first, inside the cooldown
-    assert first["stop_reason"] == f"the learning-rate cooldown's last update ({end}) reached"
-    assert rates[last] == pytest.approx(_rate(hparams, last) / length, rel=1e-5)
+  assert rates[17] == pytest.approx(_rate(hparams, 17, end), rel=1e-5)
+  assert rates[17] == pytest.approx(_rate(hparams, 17) / length, rel=1e-5)
 
-  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2,
+  resumed, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.2, clock=clock,
                         optimizer_multistep_accumulate_schedule=str(accumulate))
   second = resumed.train()
   assert int(resumed.learner.cooldown_end.numpy()) == end
@@ -145,35 +171,35 @@ def test_without_a_budget_the_cooldown_ends_at_train_steps_and_stays_there(multi
 def test_a_budget_split_over_two_processes_counts_the_runs_training_time(multi30k_data,
                                                                          tmp_path):
   """--train_minutes counts the run's training time over its processes: a 9-second budget
-  whose first process is stopped (SIGTERM) after 3 seconds continues in the second for the
-  time left, whose projection fixes the cooldown's end from there; the checkpoint holds the
-  run's time, and a third process, its budget spent, trains no more."""
+  (half a second an update) whose first process is stopped (SIGTERM) at 3 seconds continues
+  in the second for the time left, whose projection fixes the cooldown's end from there; the
+  checkpoint holds the run's time, and a third process, its budget spent, trains no more."""
   import signal
-  import threading
   import tensorflow as tf
   output_dir = tmp_path / "run"
-  first, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15)
-  threading.Timer(3.0, first.stops.request, (signal.SIGTERM,)).start()
+  clock = FakeTime(0.5)
+  first, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15, clock=clock)
+  clock.at(3.0, lambda: first.stops.request(signal.SIGTERM))
   stopped = first.train()
   assert stopped["stop_reason"] == "signal 15" and int(first.learner.cooldown_end.numpy()) == 0
-  spent = float(tf.train.load_checkpoint(stopped["checkpoint"]).get_tensor(
-      "train_seconds/.ATTRIBUTES/VARIABLE_VALUE"))
-  assert 2.5 < spent < 5.0, stopped
 
-  second, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15)
+  def recorded(result):
+    return float(tf.train.load_checkpoint(result["checkpoint"]).get_tensor(
+        "train_seconds/.ATTRIBUTES/VARIABLE_VALUE"))
+
+  # asked after update 6 (3 s), the stop comes after update 7, saved as it read 3 s
+  assert stopped["updates"] == 7 and recorded(stopped) == 3.0, stopped
+  second, hparams = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.15, clock=clock)
   result = second.train()
-  total = float(tf.train.load_checkpoint(result["checkpoint"]).get_tensor(
-      "train_seconds/.ATTRIBUTES/VARIABLE_VALUE"))
-  # the deadline, or the cooldown's end projected to come at it
-  assert 8.0 <= total < 11.0, (spent, result)
-  assert result["train_seconds"] == pytest.approx(total - spent, abs=0.5)
   end = int(second.learner.cooldown_end.numpy())
-  assert stopped["updates"] < end - budget.cooldown_length(end, hparams.learning_rate_cooldown)
-  assert end - budget.cooldown_length(end, hparams.learning_rate_cooldown) < result["updates"]
-  assert result["updates"] <= end
+  length = budget.cooldown_length(end, hparams.learning_rate_cooldown)
+  # the second process has 6 s: 12 more updates at most; its projection fixes the end
+  assert stopped["updates"] < end - length < result["updates"] <= end <= 7 + 12, (end, result)
+  assert recorded(result) <= 9.0  # the run's time, of which this process's is the rest:
+  assert result["train_seconds"] == pytest.approx(recorded(result) - 3.0, abs=0.5)
   # Without the cooldown (which ends it at its last update), a run whose budget is spent
   # stops before its first update.
-  spent_up, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.05,  # 3 s: spent
+  spent_up, _ = _trainer(output_dir, multi30k_data, 10 ** 5, minutes=0.05, clock=clock,
                          learning_rate_schedule=SCHEDULE.replace("*linear_cooldown", ""))
   again = spent_up.train()
   assert again["updates"] == result["updates"] and again["micro_steps"] == result["micro_steps"]

@@ -155,10 +155,14 @@ class RunEnd:
 class Clock:
   """This process's clocks: the time budget (the run's training time, `spent_before` by
   its earlier processes and recorded in its checkpoints), timed saves, and the training time
-  that tokens/s is measured over (saves and evaluations excluded)."""
+  that tokens/s is measured over (saves and evaluations excluded). The time budget counts
+  wall time: saves and evaluations included. `now()` reads the time (time.time; a test's
+  own clock makes a budget exact)."""
 
-  def __init__(self, train_minutes: float, save_secs: float, spent_before: float = 0.0):
-    self.start = self.window_start = self.last_save = time.time()
+  def __init__(self, train_minutes: float, save_secs: float, spent_before: float = 0.0,
+               now=time.time):
+    self.now = now
+    self.start = self.window_start = self.last_save = now()
     self.spent_before = spent_before
     self.deadline = (self.start + train_minutes * 60 - spent_before if train_minutes > 0
                      else None)
@@ -166,13 +170,13 @@ class Clock:
 
   def spent(self) -> float:
     """The run's training time so far, this process's included."""
-    return self.spent_before + time.time() - self.start
+    return self.spent_before + self.now() - self.start
 
   def flags(self, signalled: bool) -> tuple[float, float, float]:
     """This process's (stop signal, time budget reached, timed save due). A timed save is
     asked for once; the clock restarts when it is asked (the save follows within an
     update), so workers that act on it an update later do not ask twice."""
-    now = time.time()
+    now = self.now()
     out_of_time = self.deadline is not None and now >= self.deadline
     timed_save = self.save_secs > 0 and now - self.last_save >= self.save_secs
     if timed_save:
@@ -180,16 +184,21 @@ class Clock:
     return float(signalled), float(out_of_time), float(timed_save)
 
   def saved(self, since: float) -> None:
-    self.last_save = time.time()
+    self.last_save = self.now()
     self.paused(since)
 
   def paused(self, since: float) -> None:
     """Time since `since` was not training: tokens/s leaves it out."""
-    self.window_start += time.time() - since
+    self.window_start += self.now() - since
 
-  def take_window(self, now: float) -> float:
-    """The training time since the last call (saves and evaluations left out), and a new
-    window from `now`."""
+  def spent_up(self) -> bool:
+    """Whether the time budget is reached."""
+    return self.deadline is not None and self.now() >= self.deadline
+
+  def take_window(self) -> tuple[float, float]:
+    """(now, the training time since the last call: saves and evaluations left out), and a
+    new window from now."""
+    now = self.now()
     elapsed = max(now - self.window_start, 1e-9)
     self.window_start = now
-    return elapsed
+    return now, elapsed

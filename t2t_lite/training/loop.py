@@ -57,12 +57,14 @@ class Trainer:
   def __init__(self, hparams, problem, run_steps: RunSteps, options: RunOptions,
                strategy: tf.distribute.Strategy | None = None, is_chief: bool = True,
                worker_name: str = "worker", after_update=None,
-               start: rundir.RunStart | None = None):
+               start: rundir.RunStart | None = None, now=time.time):
     """`start`: the data snapshot and run record the run starts from (read here when not
     given). `after_update(tried)`, if given, is called after each update and what followed
     it (log, save, evaluation) with the number of updates tried: a hook for observers such
-    as a count of device reads per update; it must not read the device itself."""
-    self.hparams, self.problem, self.run_steps, self.options = hparams, problem, run_steps, options
+    as a count of device reads per update; it must not read the device itself. `now()`: the
+    time the time budget and timed saves read (budget.Clock)."""
+    self.hparams, self.run_steps, self.options = hparams, run_steps, options
+    self.problem, self._now = problem, now
     self.strategy = strategy or tf.distribute.get_strategy()
     self.is_chief, self._after_update = is_chief, after_update
     self.start = start or rundir.RunStart.read(problem, options.data_dir, options.output_dir)
@@ -242,7 +244,7 @@ class Trainer:
     progress = Progress(tried=update, seen=update, applied=update)
     # A resumed run that early stopping had stopped, or whose budget is spent, stays stopped.
     early = self.evaluations.stopped_early(update)
-    spent = clock.deadline is not None and time.time() >= clock.deadline
+    spent = clock.spent_up()
     early, spent = (flag > 0 for flag in self._from_chief([float(early), float(spent)]))
     if not early and self.evaluations.owed(update):
       early = self._evaluate(update, clock)
@@ -270,7 +272,7 @@ class Trainer:
     """The clock of this process, counting the run's training time on from its record."""
     stopping = self.options.stopping
     clock = self._clock = Clock(stopping.train_minutes, self.options.checkpointing.save_secs,
-                                float(self.train_seconds.numpy()))
+                                float(self.train_seconds.numpy()), self._now)
     if clock.spent_before and stopping.train_minutes:
       logging.info("time budget: %s of %g minutes trained by this run's earlier processes; "
                    "%s left", format_duration(clock.spent_before), stopping.train_minutes,
@@ -288,9 +290,9 @@ class Trainer:
       if self.corpora:
         self.corpora.log(update, self.log.writer)
     if actions.project:
-      self.milestones.check_budget(update, time.time(), clock.deadline, self._chiefs_projection)
+      self.milestones.check_budget(update, clock.now(), clock.deadline, self._chiefs_projection)
     if actions.save:
-      pause = time.time()
+      pause = clock.now()
       self.save()
       clock.saved(pause)
     if actions.evaluate and self._evaluate(update, clock):
@@ -302,8 +304,9 @@ class Trainer:
     return self._from_chief([projected if self.is_chief else 0.0])[0]
 
   def _evaluate(self, update: int, clock: Clock) -> bool:
-    """The evaluation of `update`, its time kept off the budget; whether to stop early."""
-    pause = time.time()
+    """The evaluation of `update` (its time kept off tokens/s; the time budget counts it, as
+    wall time); whether to stop early."""
+    pause = clock.now()
     early = self.evaluations.evaluate(update)
     clock.paused(pause)
     return early
@@ -322,7 +325,7 @@ class Trainer:
                  len(self.replica_ids), self.run_steps.replicas)
     stream.close()
     return {"updates": update, "micro_steps": micro_step, "stop_reason": reason,
-            "checkpoint": path, "train_seconds": round(time.time() - clock.start, 1),
+            "checkpoint": path, "train_seconds": round(clock.now() - clock.start, 1),
             "skipped_updates": int(learner.skipped_updates.numpy()),
             "examples_read": stream.examples_read, "batches_read": stream.batches_read}
 

@@ -7,7 +7,6 @@ says which updates were skipped, and stops a diverging run (NonFiniteGuard).
 
 from __future__ import annotations
 
-import time
 
 import tensorflow as tf
 from absl import logging
@@ -105,8 +104,7 @@ class TrainLog:
     (the window, then emptied; the learning rate and norm of the last read). `end`: the
     run's last update as it stands; `clock`: budget.Clock."""
     window, read = self._window, self._last_read
-    now = time.time()
-    elapsed = clock.take_window(now)
+    now, elapsed = clock.take_window()
     window_updates, window_tokens = max(window["updates"], 1), window["tokens"]
     remaining = (end - update) / max(window_updates / elapsed, 1e-9)
     if clock.deadline is not None:
