@@ -52,13 +52,33 @@ def popen(args, **kwargs):
   return subprocess.Popen(args, **kwargs)
 
 
+def shared(tmp_path_factory, name: str, build):
+  """What `build(folder)` returns (JSON), built once for the whole test session: pytest-xdist
+  runs the tests in several processes, and the first to ask builds it in a folder of the
+  session's temporary root that all of them share, while the others wait for it, then read
+  it. Tests read what it holds and copy before they change anything."""
+  import fcntl
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # (each process's base is a folder of the session's)
+  done = root / f"shared-{name}.json"
+  with open(root / f"shared-{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      folder = root / f"shared-{name}"
+      folder.mkdir()
+      done.write_text(json.dumps(build(folder)))
+  return json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def multi30k_data(tmp_path_factory) -> str:
   """Full Multi30k en-de through t2t-lite-datagen (about 10 s), shared by the session."""
-  data_dir = str(tmp_path_factory.mktemp("multi30k_ende"))
-  cli("t2t-lite-datagen", "--problem=translate_ende_multi30k", f"--data_dir={data_dir}",
-      f"--tmp_dir={multi30k_dir()}", check=True)
-  return data_dir
+  def build(folder):
+    cli("t2t-lite-datagen", "--problem=translate_ende_multi30k", f"--data_dir={folder}",
+        f"--tmp_dir={multi30k_dir()}", check=True)
+    return str(folder)
+  return shared(tmp_path_factory, "multi30k_ende", build)
 
 
 @pytest.fixture(scope="session")
@@ -67,18 +87,21 @@ def sampled_data(tmp_path_factory) -> str:
   files in data_dir/raw), through t2t-lite-datagen with 2 sampled segmentations of every
   training pair (SAMPLED_DATAGEN; a few seconds)."""
   import gzip
-  data_dir = str(tmp_path_factory.mktemp("sampled_data"))
-  raw = os.path.join(data_dir, "raw")
-  os.makedirs(raw)
-  for split, keep in (("train", 3000), ("val", 300), ("test_2016_flickr", 300)):
-    for lang in ("en", "de"):
-      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
-        lines = f.read().splitlines(keepends=True)[:keep]
-      with gzip.open(os.path.join(raw, f"{split}.{lang}.gz"), "wb") as f:
-        f.writelines(lines)
-  cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}", f"--tmp_dir={raw}",
-      check=True)
-  return data_dir
+
+  def build(folder):
+    data_dir = str(folder)
+    raw = os.path.join(data_dir, "raw")
+    os.makedirs(raw)
+    for split, keep in (("train", 3000), ("val", 300), ("test_2016_flickr", 300)):
+      for lang in ("en", "de"):
+        with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
+          lines = f.read().splitlines(keepends=True)[:keep]
+        with gzip.open(os.path.join(raw, f"{split}.{lang}.gz"), "wb") as f:
+          f.writelines(lines)
+    cli("t2t-lite-datagen", *SAMPLED_DATAGEN, f"--data_dir={data_dir}", f"--tmp_dir={raw}",
+        check=True)
+    return data_dir
+  return shared(tmp_path_factory, "sampled_data", build)
 
 
 @pytest.fixture(scope="session")
@@ -88,24 +111,26 @@ def mixed_data(tmp_path_factory) -> str:
   root/other), with 2 sampled segmentations of every pair (dev and test: 200 lines; the raw
   files in root/raw, the data in root/data)."""
   import gzip
-  root = tmp_path_factory.mktemp("mixed")
-  raw, other = root / "raw", root / "other"
-  raw.mkdir()
-  other.mkdir()
-  for split, keep in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
-    for lang in ("en", "de"):
-      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
-        lines = f.read().splitlines(keepends=True)
-      with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
-        f.writelines(lines[:keep])
-      if split == "train":
-        (other / f"train.{lang}").write_bytes(b"".join(lines[20000:21000]))
-  data_dir = str(root / "data")
-  result = cli("t2t-lite-datagen", *MIXED_DATAGEN, f"--corpus=other:1:{other}",
-               f"--data_dir={data_dir}", f"--tmp_dir={raw}", check=True)
-  assert ("training corpora, by weight: flickr 3 (75.0% of the batches; 3000 pairs), other 1 "
-          "(25.0% of the batches; 1000 pairs)") in result.stdout, result.stdout
-  return data_dir
+
+  def build(root):
+    raw, other = root / "raw", root / "other"
+    raw.mkdir()
+    other.mkdir()
+    for split, keep in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
+      for lang in ("en", "de"):
+        with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
+          lines = f.read().splitlines(keepends=True)
+        with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
+          f.writelines(lines[:keep])
+        if split == "train":
+          (other / f"train.{lang}").write_bytes(b"".join(lines[20000:21000]))
+    data_dir = str(root / "data")
+    result = cli("t2t-lite-datagen", *MIXED_DATAGEN, f"--corpus=other:1:{other}",
+                 f"--data_dir={data_dir}", f"--tmp_dir={raw}", check=True)
+    assert ("training corpora, by weight: flickr 3 (75.0% of the batches; 3000 pairs), other "
+            "1 (25.0% of the batches; 1000 pairs)") in result.stdout, result.stdout
+    return data_dir
+  return shared(tmp_path_factory, "mixed_data", build)
 
 
 def corpus_state(output_dir: str, name: str | None = None) -> list:
@@ -158,11 +183,16 @@ NO_EVAL_FLAGS = [flag for flag in TINY_FLAGS
 
 @pytest.fixture(scope="session")
 def tiny_run(multi30k_data, tmp_path_factory) -> dict:
-  """transformer_tiny trained by the real CLI for 4 updates (8 micro-steps), n = 2."""
-  output_dir = str(tmp_path_factory.mktemp("tiny_run") / "run")
-  result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}",
-               f"--output_dir={output_dir}", "--train_steps=4", check=True)
-  return {"output_dir": output_dir, "data_dir": multi30k_data, "first": result}
+  """transformer_tiny trained by the real CLI for 4 updates (8 micro-steps), n = 2; "first"
+  is what the trainer printed (a CompletedProcess)."""
+  def build(folder):
+    output_dir = str(folder / "run")
+    result = cli("t2t-lite-trainer", *TINY_FLAGS, f"--data_dir={multi30k_data}",
+                 f"--output_dir={output_dir}", "--train_steps=4", check=True)
+    return {"output_dir": output_dir, "data_dir": multi30k_data,
+            "first": [result.args, result.returncode, result.stdout, result.stderr]}
+  run = shared(tmp_path_factory, "tiny_run", build)
+  return dict(run, first=subprocess.CompletedProcess(*run["first"]))
 
 
 # --- clusters of trainer processes on this machine ----------------------------------------

@@ -40,7 +40,10 @@ PROGRAMS = {  # installed program -> its module (pyproject.toml's [project.scrip
 # the command-line modules, whose absl flags would clash: each program imports its own).
 PRELOAD = ("t2t_lite.training.loop", "t2t_lite.inference.translator",
            "t2t_lite.inference.export.saved_model", "t2t_lite.inference.decode",
-           "t2t_lite.data.problems", "t2t_lite.configs", "t2t_lite.models.transformer")
+           "t2t_lite.data.problems", "t2t_lite.configs", "t2t_lite.models.transformer",
+           "tensorflow_text", "tensorflow_datasets", "ctranslate2")
+# A test's own script (run as `python SCRIPT ARGS`, as by runpy) may be forked too.
+SCRIPT = "python-script"
 
 
 # --- the server -----------------------------------------------------------------------------
@@ -76,8 +79,13 @@ def _run_program(request, fds, closing):
                   else signal.SIG_DFL if number != signal.SIGPIPE else signal.SIG_IGN)
   sys.argv = [request["executable"], *request["args"]]
   try:
-    module = __import__(PROGRAMS[request["program"]], fromlist=["run"])
-    module.run()
+    if request["program"] == SCRIPT:
+      import runpy
+      sys.path.insert(0, os.path.dirname(os.path.abspath(request["executable"])))
+      runpy.run_path(request["executable"], run_name="__main__")
+    else:
+      module = __import__(PROGRAMS[request["program"]], fromlist=["run"])
+      module.run()
     code = 0
   except SystemExit as exit_:
     code = exit_.code
@@ -186,13 +194,15 @@ class ForkedProcess:
   def __init__(self, args, env=None, stdin=None, stdout=None, stderr=None, text=True,
                cwd=None):
     self.args = list(args)
-    program = os.path.basename(self.args[0])
-    if program not in PROGRAMS:
+    program, command = os.path.basename(self.args[0]), self.args
+    if self.args[0] == sys.executable and len(self.args) > 1:  # python SCRIPT ARGS
+      program, command = SCRIPT, self.args[1:]
+    elif program not in PROGRAMS:
       raise ValueError(f"{program} is not one of t2t-lite's programs")
     streams = [_stream(stdin, "w", text), _stream(stdout, "r", text),
                _stream(stderr, "r", text)]
     self.stdin, self.stdout, self.stderr = (ours for _, ours, _ in streams)
-    request = {"program": program, "executable": self.args[0], "args": self.args[1:],
+    request = {"program": program, "executable": command[0], "args": command[1:],
                "env": dict(os.environ if env is None else env),
                "cwd": os.path.abspath(cwd or os.getcwd())}
     self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -277,10 +287,11 @@ class ForkedProcess:
     self.send_signal(signal.SIGKILL)
 
 
-def run(args, env=None, timeout=None, stdin=None):
-  """subprocess.run(args, capture_output=True, text=True) through the server."""
+def run(args, env=None, timeout=None, stdin=None, cwd=None):
+  """subprocess.run(args, capture_output=True, text=True) through the server: a program of
+  t2t-lite's, or [sys.executable, SCRIPT, ...]."""
   process = ForkedProcess(args, env=env, stdin=subprocess.PIPE if stdin is not None else None,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
   try:
     out, err = process.communicate(stdin, timeout=timeout)
   except subprocess.TimeoutExpired:

@@ -78,9 +78,9 @@ def test_table_compares_packed_and_per_tensor_sums():
 
 
 def test_profile_worker_breaks_a_micro_step_down():
-  result = common.run_worker(bench.MODULE, {"kind": "profile",
-                                            "hparams_set": "transformer_tiny", "rows": 8,
-                             "length": 8, "vocab": 100, "n": 2, "micro_steps": 2})
+  """In this process (the worker's own process is run_worker's, tested above)."""
+  result = bench.worker_profile({"hparams_set": "transformer_tiny", "rows": 8, "length": 8,
+                                 "vocab": 100, "n": 2, "micro_steps": 2})
   assert "error" not in result, result
   assert result["seconds_per_micro_step"] > 0 and 0 <= result["host_share"] < 1
   assert abs(sum(result["shares"].values()) - 1.0) < 1e-6
@@ -107,12 +107,11 @@ def test_the_rows_that_read_data_run_only_with_a_data_directory():
 
 def test_the_input_workers_before_and_after(multi30k_data):
   """One worker's input before (tf.data, whose iterator a checkpoint held) and after (the
-  planned stream), as one of 1 and of 64 replicas; the plan of a synthetic corpus."""
-  before = common.run_worker(input_bench.MODULE, {"kind": "before", "data_dir": multi30k_data,
-                                                   "batches": 10})
-  after = common.run_worker(input_bench.MODULE, {"kind": "after", "data_dir": multi30k_data,
-                                                  "batches": 10, "replicas": 64})
-  plan = common.run_worker(input_bench.MODULE, {"kind": "plan", "pairs": 20000})
+  planned stream), as one of 1 and of 64 replicas; the plan of a synthetic corpus. The
+  workers run in this process (run_worker's own process is tested above)."""
+  before = input_bench.worker_before({"data_dir": multi30k_data, "batches": 10})
+  after = input_bench.worker_after({"data_dir": multi30k_data, "batches": 10, "replicas": 64})
+  plan = input_bench.worker_plan({"pairs": 20000})
   for result in (before, after, plan):
     assert "error" not in result, result
   assert before["iterator_bytes"] > 1e6  # the shuffle buffer's examples

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import forkserver
 from conftest import (BIN, NO_EVAL_FLAGS, REPO, cli, popen, corpus_state, finish, free_ports,
                       start_workers, wait)
 from t2t_lite.core import registry
@@ -23,8 +24,8 @@ TESTS = os.path.join(REPO, "tests")
 def test_two_mirrored_replicas_equal_one_replica_with_double_batches():
   """2 replicas x n=2, 1 x n=4 and 1 x n=1 with 4 times the batch: the same weights and the
   same moving average of them."""
-  result = subprocess.run([sys.executable, os.path.join(TESTS, "mirrored_check.py"), TESTS],
-                          capture_output=True, text=True, timeout=300)
+  result = forkserver.run([sys.executable, os.path.join(TESTS, "mirrored_check.py"), TESTS],
+                          timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   figures = json.loads(result.stdout.strip().splitlines()[-1])
   assert figures["replicas"] == 2 and figures["updates"] == [3, 3, 3], figures

@@ -130,7 +130,12 @@ def test_plan_arithmetic():
 def test_xla_compiled_passes_give_the_same_loss_gradients_and_dropout_masks():
   hparams = tiny_hparams()  # dropout on: the masks must be the same bits under XLA
   assert hparams.layer_prepostprocess_dropout > 0 and hparams.relu_dropout > 0
-  batches = ragged_batches(2, seed=4)
+  # Two micro-batches (two dropout seeds) of one shape: XLA compiles a shape once, and the
+  # ragged case is the accumulation's, tested above.
+  batches = [{name: tf.pad(tf.concat([ids, ids[:4 - ids.shape[0]]], 0),
+                           [[0, 0], [0, 12 - ids.shape[1]]])  # 4 rows (repeated), 12 long
+              for name, ids in batch.items()} for batch in ragged_batches(2, seed=4)]
+  assert batches[0]["targets"].shape == batches[1]["targets"].shape
   plain = Learner(hparams, VOCAB, accumulate_steps=2, seed=5)
   xla = Learner(hparams, VOCAB, accumulate_steps=2, seed=5, xla_compile=True)
   assert xla._loss_gradients._jit_compile and not hasattr(plain._loss_gradients, "_jit_compile")

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import tensorflow as tf
 
+import forkserver
 from conftest import NO_EVAL_FLAGS, REPO, TINY_FLAGS, cli, tiny_hparams
 from t2t_lite.core import registry
 from t2t_lite.training.steps import run_steps
@@ -244,15 +245,14 @@ def test_start_up_reads_the_manifest_and_the_run_record_once(tiny_run, tmp_path)
   """Resuming a run for one more update, with an evaluation at its end: the data's manifest
   is read once (everything of the data comes from that snapshot, the evaluation's dev files
   included) and the run record once."""
-  import subprocess
   import sys
   run = tmp_path / "run"
   shutil.copytree(tiny_run["output_dir"], run)
   flags = [flag for flag in TINY_FLAGS if not flag.startswith("--local_eval_frequency")]
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, os.path.join(REPO, "tests", "startup_reads.py"), *flags,
        "--local_eval_frequency=5", f"--data_dir={tiny_run['data_dir']}", f"--output_dir={run}",
-       "--train_steps=5"], capture_output=True, text=True, timeout=300, cwd=REPO)
+       "--train_steps=5"], timeout=300, cwd=REPO)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "trained 5 updates" in result.stdout and "eval at update 5" in result.stderr
   assert json.loads(result.stdout.strip().splitlines()[-1]) == {"manifest": 1, "record": 1}
