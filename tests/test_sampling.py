@@ -206,30 +206,30 @@ def test_a_switch_needs_data_with_sampled_segmentations_and_their_one_best(
 
 def test_a_budget_too_short_for_subword_sampling_min_updates_keeps_the_one_best(
     sampled_data, tmp_path, monkeypatch):
-  """subword_sampling_start=10, subword_sampling_min_updates=40, a time budget checked every
-  5 updates: the projection at update 10 decides. Projected at 30 updates, the run reads the
-  one best throughout; at 45, the sampled copies from update 11 (micro-step 10, n = 1). The
+  """subword_sampling_start=10, subword_sampling_min_updates=20, a time budget checked every
+  5 updates: the projection at update 10 decides. Projected at 15 updates, the run reads the
+  one best throughout; at 25, the sampled copies from update 11 (micro-step 10, n = 1). The
   decision is in the checkpoint: a resumed run keeps it. Without a cooldown to project, or
   with no update to judge at, a time budget with the minimum is refused."""
   from t2t_lite.training import budget
   from t2t_lite.core.errors import UsageError
   from t2t_lite.training.milestones import NEVER
   one_best, sampled = _records(sampled_data, "train"), _records(sampled_data, "train_sampled")
-  cooldown = {"optimizer_multistep_accumulate_steps": 1, "subword_sampling_min_updates": 40,
+  cooldown = {"optimizer_multistep_accumulate_steps": 1, "subword_sampling_min_updates": 20,
               "learning_rate_schedule": "constant*linear_warmup*linear_cooldown"}
-  for projected in (30, 45):
+  for projected in (15, 25):
     monkeypatch.setattr(budget.Pace, "project", lambda *args, end=projected: end)
     output_dir = tmp_path / f"run{projected}"
     trainer = _trainer(sampled_data, output_dir, 10, 10 ** 5, minutes=10.0, **cooldown)
     assert trainer.run_steps.lines()[-1] == ("training segmentations: the one best in updates "
-                                        "1-10, sampled ones after if the run is at least 40 "
+                                        "1-10, sampled ones after if the run is at least 20 "
                                         "updates long")
     read = _recording(trainer)
     assert trainer.train()["updates"] == projected  # the cooldown's end, as projected
-    switch = 10 if projected == 45 else projected
+    switch = 10 if projected == 25 else projected
     assert all(row in one_best for rows in read[:switch] for row in rows)
     assert all(row in sampled for rows in read[switch:] for row in rows)
-    assert int(trainer.sampled_from.numpy()) == (10 if projected == 45 else NEVER)
+    assert int(trainer.sampled_from.numpy()) == (10 if projected == 25 else NEVER)
     resumed = _trainer(sampled_data, output_dir, 10, 10 ** 5, minutes=10.0, **cooldown)
     assert resumed.train()["updates"] == projected
     assert int(resumed.sampled_from.numpy()) == int(trainer.sampled_from.numpy())
@@ -242,7 +242,7 @@ def test_a_budget_too_short_for_subword_sampling_min_updates_keeps_the_one_best(
     with pytest.raises(UsageError, match=re.escape(message)):
       _trainer(sampled_data, tmp_path / "refused", start, 10 ** 5, minutes=10.0,
                **dict(cooldown, learning_rate_schedule=schedule))
-  # Without a time budget, --train_steps is the run's length: 8 < 40, the one best (even
+  # Without a time budget, --train_steps is the run's length: 8 < 20, the one best (even
   # with subword_sampling_start=0, which in a run long enough reads the sampled from the start).
   short = _trainer(sampled_data, tmp_path / "short", 0, 8, **cooldown)
   read = _recording(short)
