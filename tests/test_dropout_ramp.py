@@ -92,9 +92,10 @@ def test_each_update_trains_at_the_rate_of_its_number():
 def test_a_resumed_learner_continues_the_ramp_exactly(tmp_path):
   hparams = ramp(start=1, end=4)
   batches = ragged_batches(8, seed=6)
-  whole = _train(hparams, batches)
-  first = _train(hparams, batches[:4])
-  path = tf.train.Checkpoint(**first.trackables()).save(str(tmp_path / "ckpt"))
+  whole = _train(hparams, batches[:4])  # saved after update 2, then on to update 4
+  path = tf.train.Checkpoint(**whole.trackables()).save(str(tmp_path / "ckpt"))
+  for batch in batches[4:]:
+    whole.step(batch)
   resumed = Learner(hparams, VOCAB, accumulate_steps=2, seed=5)
   tf.train.Checkpoint(**resumed.trackables()).restore(path).assert_existing_objects_matched()
   for batch in batches[4:]:
