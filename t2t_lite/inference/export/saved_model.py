@@ -120,12 +120,14 @@ def export(model, hparams, vocab_file: str, directory: str, options) -> None:
     asset = os.path.join(staging, VOCAB_FILE)
     shutil.copyfile(vocab_file, asset)
     serving = Serving(model, asset, hparams.max_length, options)
+    ids = serving.translate_ids.get_concrete_function()
     _save(serving, directory, {"serving_default": serving.translate.get_concrete_function(),
-                               "translate_ids": serving.translate_ids.get_concrete_function()})
-  ids_only = IdsServing(model, hparams.max_length, options)
-  function = ids_only.translate_ids.get_concrete_function()
+                               "translate_ids": ids})
+  # The same traced search, saved without the tokenizer: the model is all it captures.
+  ids_only = tf.Module(name="t2t_lite_serving")
+  ids_only.model, ids_only.translate_ids = model, serving.translate_ids
   _save(ids_only, os.path.join(directory, IDS_ONLY_DIR),
-        {"serving_default": function, "translate_ids": function})
+        {"serving_default": ids, "translate_ids": ids})
 
 
 def _save(serving, directory: str, signatures: dict) -> None:
