@@ -123,11 +123,17 @@ def export(model, hparams, vocab_file: str, directory: str, options) -> None:
     ids = serving.translate_ids.get_concrete_function()
     _save(serving, directory, {"serving_default": serving.translate.get_concrete_function(),
                                "translate_ids": ids})
-  # The same traced search, saved without the tokenizer: the model is all it captures.
-  ids_only = tf.Module(name="t2t_lite_serving")
-  ids_only.model, ids_only.translate_ids = model, serving.translate_ids
-  _save(ids_only, os.path.join(directory, IDS_ONLY_DIR),
+  _save(IdsOnly(model, serving.translate_ids), os.path.join(directory, IDS_ONLY_DIR),
         {"serving_default": ids, "translate_ids": ids})
+
+
+class IdsOnly(tf.Module):
+  """The ids-only SavedModel: the search traced for the full one (`translate_ids`), saved
+  without the tokenizer, which it does not capture; the model is all it needs."""
+
+  def __init__(self, model, translate_ids):
+    super().__init__(name="t2t_lite_serving")
+    self.model, self.translate_ids = model, translate_ids
 
 
 def _save(serving, directory: str, signatures: dict) -> None:
