@@ -65,7 +65,9 @@ def shared(tmp_path_factory, name: str, build):
   with open(root / f"shared-{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not done.exists():
+      import shutil
       folder = root / f"shared-{name}"
+      shutil.rmtree(folder, ignore_errors=True)  # what a failed build left: built again
       folder.mkdir()
       done.write_text(json.dumps(build(folder)))
   return json.loads(done.read_text())
