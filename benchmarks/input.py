@@ -6,7 +6,7 @@ bytes in a checkpoint. Each configuration runs in its own process.
 
 The "before" pipeline is the tf.data one the trainer used until the planned stream replaced
 it (interleaved shards, a 20,000-example shuffle buffer, tensor2tensor's length buckets),
-rebuilt here from t2t_lite.data's parts as the reference.
+rebuilt here from t2t_lite.data.eval_input's parts as the reference.
 """
 
 from __future__ import annotations

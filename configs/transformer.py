@@ -57,7 +57,7 @@ def basic_params() -> HParams:
       max_consecutive_nonfinite=5,
       # Ours: parts that do not train, e.g. "embeddings;decoder.0-1" (hparams_check).
       frozen_parts="",
-      # Ours: a moving average of the weights (t2t_lite.ema), decaying by ema_decay per
+      # Ours: a moving average of the weights (t2t_lite.runs.ema), decaying by ema_decay per
       # ema_reference_tokens target tokens (0: off; 25,000: ~one update of the paper's batch).
       ema_decay=0.0,
       ema_reference_tokens=EMA_REFERENCE_TOKENS,
@@ -69,7 +69,7 @@ def basic_params() -> HParams:
       # --train_minutes the budget's projection at subword_sampling_start.
       subword_sampling_min_updates=0,
       # On data of several corpora (t2t-lite-datagen --corpus): their weights by update,
-      # "name:w/name:w@U;..." (t2t_lite.corpora); "": the weights datagen recorded.
+      # "name:w/name:w@U;..." (t2t_lite.data.curriculum); "": the weights datagen recorded.
       corpus_weights="",
       # Numerics.
       mixed_precision=False,
@@ -154,7 +154,7 @@ def transformer_multi30k_cpu() -> HParams:
   warmup and a higher peak rate than the 100k-update paper sets: peak = 0.8 * 250^-0.5 *
   256^-0.5 = 3.2e-3; then rsqrt decay, and over the last 30% of the updates the budget
   allows, a linear cooldown to 0 (`linear_cooldown`; the budget fixes the run's last update,
-  see t2t_lite.budget). 3.2e-3 beat 2.0e-3 on the dev set where the budget is short, and
+  see t2t_lite.training.budget). 3.2e-3 beat 2.0e-3 on the dev set where the budget is short, and
   was level on the long one.
   The residual dropout is 0 up to update 400 and rises to 0.3 at update 1,200, chosen on the
   dev set: a short budget learns fastest with little dropout (0.2 or 0.3 throughout scored 1-3

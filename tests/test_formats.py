@@ -93,7 +93,7 @@ def test_a_run_record_drops_the_hparams_no_version_reads():
   hparams = registry.hparams("transformer_tiny")
   with pytest.raises(UsageError, match=r"hparam 'shuffle_buffer_size' is no longer read: "
                      r"training batches are planned from a global shuffle of every epoch "
-                     r"\(t2t_lite.stream\), which needs no buffer; drop it"):
+                     r"\(t2t_lite.data.stream\), which needs no buffer; drop it"):
     hparams.parse("shuffle_buffer_size=100")
 
 

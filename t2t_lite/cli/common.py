@@ -91,7 +91,7 @@ def define_count(name: str, default: int, help_text: str, minimum: int = 0,
 
 
 def define_weights(reads: str) -> None:
-  """--weights: which weights of a checkpoint the program `reads` (see t2t_lite.ema)."""
+  """--weights: which weights of a checkpoint the program `reads` (see t2t_lite.runs.ema)."""
   module = sys._getframe(1).f_globals["__name__"]  # noqa: SLF001 (--helpfull lists it there)
   flags.DEFINE_enum("weights", "auto", ["auto", "ema", "raw"], f"The weights {reads}: auto, "
                     "the moving average where the checkpoint holds one (trained with "

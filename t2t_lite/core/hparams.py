@@ -16,7 +16,7 @@ from t2t_lite.core.errors import UsageError
 # read without them: formats.run_record).
 RETIRED = {
     "shuffle_buffer_size": "training batches are planned from a global shuffle of every "
-                           "epoch (t2t_lite.stream), which needs no buffer",
+                           "epoch (t2t_lite.data.stream), which needs no buffer",
 }
 
 _TYPES = (bool, int, float, str)

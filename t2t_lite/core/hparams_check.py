@@ -66,7 +66,7 @@ def check_dropout_ramp(hparams) -> None:
 
 
 def check_ema(hparams) -> None:
-  """The moving average's hparams (t2t_lite.ema)."""
+  """The moving average's hparams (t2t_lite.runs.ema)."""
   if not 0.0 <= hparams.ema_decay < 1.0:
     raise UsageError(f"ema_decay={hparams.ema_decay}: must be in [0, 1) (0: no moving "
                      "average; the decay per ema_reference_tokens target tokens)")

@@ -5,7 +5,7 @@
 training split (else it is "main", of weight 1). The own corpus comes first; its training
 splits keep their names ("train", "train_sampled"), another's are "<split>.<name>". Without
 --corpus the data has one corpus and its manifest no `corpora` (as before corpora existed).
-Training samples the corpora by weight (t2t_lite.corpora).
+Training samples the corpora by weight (t2t_lite.data.curriculum).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 padding included) never exceeds it. Sequences are grouped into geometric length buckets
 (min_length_bucket, x length_bucket_step) so that sentences of similar length share a batch
 and little is padding. Each batch is padded to its own longest source and target. (Training
-batches are planned from the examples' lengths instead: t2t_lite.stream.)
+batches are planned from the examples' lengths instead: t2t_lite.data.stream.)
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def corpus_scores(names, hypotheses: list[str], references: list[str],
   return out
 
 
-# --- the dev figures of the evaluations during training (t2t_lite.evaluation) ----------
+# --- the dev figures of the evaluations during training (t2t_lite.training.evaluation) ----------
 # What the evaluation can measure, and whether lower is better.
 LOWER_IS_BETTER = {"dev_loss": True, "dev_perplexity": True, "dev_bleu": False,
                    "dev_chrf": False, "dev_chrfpp": False, "dev_ter": True}

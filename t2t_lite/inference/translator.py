@@ -78,7 +78,7 @@ class RunModel:
   problem: object
   meta: dict | None
   data_dir: str
-  weights: str = ""  # of the checkpoint restored last: "ema" or "raw" (see t2t_lite.ema)
+  weights: str = ""  # of the checkpoint restored last: "ema" or "raw" (see t2t_lite.runs.ema)
   weights_read: str = ""  # ... and what they are, for a program to print
 
   def restore(self, path: str, weights: str = "auto") -> None:
@@ -120,7 +120,7 @@ def build(output_dir: str | None, hparams_set: str | None = None, overrides: str
 
 def restore(model, path: str, weights: str = "auto") -> str:
   """Restores checkpoint `path` into `model`: its moving average of the weights or its raw
-  weights, as `weights` (t2t_lite.ema.CHOICES: auto takes the average where the checkpoint
+  weights, as `weights` (t2t_lite.runs.ema.CHOICES: auto takes the average where the checkpoint
   holds one) chooses; which one it read ("ema" or "raw"). A checkpoint written from chosen
   weights (an average's, a kept best one) holds those alone, as its folder's record says.
   A usage error for weights the checkpoint does not hold; TensorFlow's own error when it

@@ -38,7 +38,7 @@ class Schedule:
   evaluation: Evaluation = Evaluation()
   log_every: int = 100            # updates; 0 = only the last update
   # Every this many updates, the time budget is projected to the learning-rate cooldown's
-  # last update (see t2t_lite.budget); 0 = not (no cooldown, or its end is fixed).
+  # last update (see t2t_lite.training.budget); 0 = not (no cooldown, or its end is fixed).
   cooldown_every: int = 0
 
 

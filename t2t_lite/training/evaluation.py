@@ -5,13 +5,13 @@ The figures (`--eval_metrics`, any of metrics.DEV_METRICS):
   tensor2tensor evaluates), so it compares across label_smoothing values and with other
   toolkits; `dev_perplexity`, its exponential;
 - the decoded ones, from one decode of the first `--eval_bleu_sentences` dev sentences,
-  scored by sacreBLEU (see t2t_lite.metrics): `dev_bleu` (tokenizer by target language),
+  scored by sacreBLEU (see t2t_lite.inference.metrics): `dev_bleu` (tokenizer by target language),
   `dev_chrf`, `dev_chrfpp` (chrF++) and `dev_ter`.
 Each is a TensorBoard scalar (eval/) and in the eval log line.
 
 With a moving average of the weights (ema_decay > 0) the evaluation reads the average (see
 WeightAverage.swap_with) unless --eval_weights=raw. The K best evaluations by the metric the
-run judges by are kept in `output_dir/best` with early stopping's state (t2t_lite.best).
+run judges by are kept in `output_dir/best` with early stopping's state (t2t_lite.training.best).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ With an accumulation schedule (see steps.AccumulateSchedule) n varies by update;
 accumulators then exist throughout, and an n=1 phase uses the fused step.
 
 Dropout seeds are (random_seed, micro_step x replicas + replica), the index of the
-micro-batch in the one training stream that all replicas share (see train.Trainer): a
+micro-batch in the one training stream that all replicas share (see training.loop.Trainer): a
 function of checkpointed counters and the same on any layout, so a resumed run, on the same
 layout or another, draws the same masks as one never stopped.
 """
@@ -36,7 +36,7 @@ MIN_LOSS_SCALE = 1.0
 BATCH_SPEC = {"inputs": tf.TensorSpec([None, None], tf.int32),
               "targets": tf.TensorSpec([None, None], tf.int32)}
 # What this process asks of all: (stop signal, time budget reached, timed save); see
-# Learner.read_agreed and t2t_lite.decide.
+# Learner.read_agreed and t2t_lite.training.decide.
 FLAGS_SPEC = tf.TensorSpec([3], tf.float32)
 NO_FLAGS = (0.0, 0.0, 0.0)
 
@@ -165,15 +165,15 @@ class Learner:
     # Micro-steps done of the update in progress.
     self.in_update = tf.Variable(0, name="in_update", **counter)
     # The layout a checkpoint was written on: [replicas, micro-steps of the update in
-    # progress]; a resume on another layout is checked against it (see train.Trainer).
+    # progress]; a resume on another layout is checked against it (see training.loop.Trainer).
     self.layout = tf.Variable([self.replicas, self.schedule.steps_for(1)], name="layout",
                               **counter)
-    # The last update of a schedule with a cooldown; 0 until fixed (see t2t_lite.budget).
+    # The last update of a schedule with a cooldown; 0 until fixed (see t2t_lite.training.budget).
     self.cooldown = hparams_check.has_cooldown(hparams)
     self.cooldown_end = tf.Variable(0, name="cooldown_end", **counter)
     self.accumulator = (GradientAccumulator(self.variables)
                         if self.schedule.needs_accumulators else None)
-    # The moving average of the weights (t2t_lite.ema), updated after each applied update.
+    # The moving average of the weights (t2t_lite.runs.ema), updated after each applied update.
     self.average = (ema_lib.WeightAverage(self.variables, hparams.ema_decay,
                                           hparams.ema_reference_tokens)
                     if ema_lib.enabled(hparams) else None)

@@ -233,7 +233,7 @@ class Trainer:
                     "rerun to resume")
 
   def _loop(self) -> dict:
-    """Runs updates and does what `decide` says follows each (see t2t_lite.decide). The
+    """Runs updates and does what `decide` says follows each (see t2t_lite.training.decide). The
     micro-steps read nothing from the device: the host counts the updates it tried and
     reads the device's window of statistics only when `decide` asks for it."""
     clock = self._start_clock()

@@ -43,7 +43,7 @@ def learning_rate(hparams, update, cooldown_end=0):
   Our factor `linear_cooldown` falls linearly to 0 over the last L = ceil(c x E) updates of
   a run that ends at update E = `cooldown_end` (c = learning_rate_cooldown):
   min(1, (E + 1 - u) / L), 1/L at update E; 1 while E is 0 (not fixed yet; see
-  t2t_lite.budget for how a time budget fixes it).
+  t2t_lite.training.budget for how a time budget fixes it).
   """
   update = tf.cast(update, tf.float32)
   warmup = float(hparams.learning_rate_warmup_steps)

@@ -22,7 +22,7 @@ class Evaluation:
   steps: int = 100                # dev batches for the dev loss; 0 = the whole dev set
   bleu_sentences: int = 500       # dev sentences decoded for the decoded metrics; 0 = none
   beam_size: int = 1
-  # the figures measured (see t2t_lite.evaluation.METRICS)
+  # the figures measured (see t2t_lite.training.evaluation.METRICS)
   metrics: tuple = ("dev_loss", "dev_perplexity", "dev_bleu", "dev_chrf", "dev_ter")
   keep_best: int = 1              # the best evaluated checkpoints kept in output_dir/best
   weights: str = "auto"           # evaluate the moving average (auto, ema) or not (raw)

@@ -14,7 +14,7 @@ layout. What cannot resume exactly is refused with what to do instead.
   before the planned stream (a tf.data iterator, one per replica before that) only with
   --allow_stream_change, at its update on the planned stream; from before the run's
   training time was recorded, that time starts at 0. (The older forms of the other files a
-  run writes are upgraded in core.formats.)
+  run writes are upgraded in core.older_formats.)
 - **Another layout** (replicas x accumulate steps). Between updates a run's state is
   layout-free: the training stream is shared by all replicas (micro-step m of replica r
   reads batch m x replicas + r), so a checkpoint may resume on another layout with the same

@@ -1,6 +1,6 @@
 """Decoding with a CTranslate2 export, as t2t-lite-decoder decodes with its own search.
 
-What is the same: the batches (sources sorted by length, as t2t_lite.decode batches them), the
+What is the same: the batches (sources sorted by length, as inference.decode batches them), the
 output cap (the batch's longest source + `extra_length` tokens), truncation of long sources,
 padding never predicted (suppressed), EOS allowed from the first step, and the final choice
 among the finished hypotheses by tensor2tensor's score, log p / ((5 + length) / 6)^alpha with
@@ -28,7 +28,7 @@ def t2t_score(ctranslate2_score: float, length: int, alpha: float) -> float:
 
 
 class Ctranslate2Decoder:
-  """translate_ids / translate_nbest with t2t_lite.decode.Decoder's arguments and results."""
+  """translate_ids / translate_nbest with inference.decode.Decoder's arguments and results."""
 
   def __init__(self, export_dir: str, extra_length: int, threads: int = 0):
     import ctranslate2
