@@ -1,4 +1,4 @@
-"""Shared fixtures: the Multi30k data, prepared once per test session, and CLI helpers."""
+"""Shared fixtures: the Multi30k data, prepared once per test run, and CLI helpers."""
 
 from __future__ import annotations
 
@@ -53,14 +53,14 @@ def popen(args, **kwargs):
 
 
 def shared(tmp_path_factory, name: str, build):
-  """What `build(folder)` returns (JSON), built once for the whole test session: pytest-xdist
+  """What `build(folder)` returns (JSON), built once for the whole test run: pytest-xdist
   runs the tests in several processes, and the first to ask builds it in a folder of the
-  session's temporary root that all of them share, while the others wait for it, then read
+  run's temporary root that all of them share, while the others wait for it, then read
   it. Tests read what it holds and copy before they change anything."""
   import fcntl
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = root.parent  # (each process's base is a folder of the session's)
+    root = root.parent  # (each process's base is a folder of the run's)
   done = root / f"shared-{name}.json"
   with open(root / f"shared-{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -75,7 +75,7 @@ def shared(tmp_path_factory, name: str, build):
 
 @pytest.fixture(scope="session")
 def multi30k_data(tmp_path_factory) -> str:
-  """Full Multi30k en-de through t2t-lite-datagen (about 10 s), shared by the session."""
+  """Full Multi30k en-de through t2t-lite-datagen (about 10 s), shared by the test run."""
   def build(folder):
     cli("t2t-lite-datagen", "--problem=translate_ende_multi30k", f"--data_dir={folder}",
         f"--tmp_dir={multi30k_dir()}", check=True)
