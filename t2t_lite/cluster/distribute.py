@@ -204,6 +204,9 @@ def peer_failure(err: BaseException) -> str | None:
   return None
 
 
+LEAVE_GRACE_SECONDS = 2.0
+
+
 def leave_cluster(is_chief: bool) -> None:
   """The end of a worker's run: all meet at a barrier; then the others exit at once, before
   the chief, whose process holds the coordination service (a worker still sending
@@ -215,6 +218,10 @@ def leave_cluster(is_chief: bool) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+  # The chief's answer to the others' barrier calls must reach them before its process (and
+  # the service) ends: a chief that exits at once can cut a worker's call short, which it then
+  # reports as the chief gone away.
+  time.sleep(LEAVE_GRACE_SECONDS)
 
 
 @contextlib.contextmanager

@@ -205,8 +205,7 @@ def upgrade(learner, lacks: set[str], meta: dict | None, path: str) -> None:
       raise UsageError(
           f"checkpoint {path} predates recorded layouts and was trained with "
           f"optimizer_multistep_accumulate_steps={recorded}; resume it with that value")
-    learner.take_layout(1, steps)
-  learner.forget_host_counters()
+    learner.take_layout(1, steps)  # (the Learner's methods re-read its host counters)
 
 
 def describe(replicas: int, steps: int) -> str:
