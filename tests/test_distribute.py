@@ -111,7 +111,7 @@ def test_two_workers_match_two_mirrored_replicas(two_worker_run):
   mirrored = _final_values(two_worker_run["mirrored_dir"], "ckpt-12")
   workers = _final_values(workers_dir)
   assert mirrored.keys() == workers.keys() and len(mirrored) > 20
-  assert sum(k.startswith("ema/averages/") for k in mirrored) == sum(
+  assert sum(k.startswith("ema/average_of/") for k in mirrored) == sum(
       k.startswith("model/") for k in mirrored)
   scale = max(np.abs(v).max() for v in mirrored.values())
   worst = max(np.abs(mirrored[k] - workers[k]).max() for k in mirrored) / scale

@@ -20,7 +20,7 @@ VOCAB = 60
 
 def _average(decay=0.9, reference=100.0):
   theta = tf.Variable([1.0, -2.0, 3.0])
-  return theta, ema.WeightAverage([theta], decay, reference)
+  return theta, ema.WeightAverage([theta], ["theta"], decay, reference)
 
 
 def test_an_update_of_4t_tokens_moves_the_average_as_4_updates_of_t():

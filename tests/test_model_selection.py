@@ -40,7 +40,7 @@ def _average_of_embedding(reader):
   shape)."""
   shape = reader.get_variable_to_shape_map()[EMBEDDING]
   names = [n for n, s in reader.get_variable_to_shape_map().items()
-           if n.startswith("ema/averages/") and s == shape]
+           if n.startswith("ema/average_of/") and s == shape]
   assert len(names) == 1, names
   return reader.get_tensor(names[0])
 

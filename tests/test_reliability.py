@@ -91,7 +91,7 @@ def test_killed_and_resumed_runs_end_where_an_unbroken_run_ends(sampled_data, tm
 
   expected, got = _model_values(straight), _model_values(broken)
   assert expected.keys() == got.keys()
-  assert len([k for k in expected if k.startswith("ema/averages/")]) == len(
+  assert len([k for k in expected if k.startswith("ema/average_of/")]) == len(
       [k for k in expected if k.startswith("model/")])  # the weights and their average
   worst = max(float(np.abs(expected[k] - got[k]).max()) for k in expected)
   assert worst <= 1e-6, worst

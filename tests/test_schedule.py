@@ -118,7 +118,7 @@ def test_schedule_is_exact_at_its_boundary_and_resumes_mid_phase(scheduled_run,
   names = [n for n, _ in tf.train.list_variables(
       os.path.join(scheduled_run["output_dir"], "ckpt-2"))]
   model = sum(n.startswith("model/") and n.endswith("VARIABLE_VALUE") for n in names)
-  assert model > 20 and sum(n.startswith("accumulator/gradients/") for n in names) == model
+  assert model > 20 and sum(n.startswith("accumulator/gradient_of/") for n in names) == model
 
 
 # Dropout on: the masks follow the stream too; the sampled segmentations from update 4, the

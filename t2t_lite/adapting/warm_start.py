@@ -21,7 +21,8 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite.runs import rundir
-from t2t_lite.runs.checkpoints import checkpoint_number, mismatches, newest_first
+from t2t_lite.runs.checkpoints import (PerVariable, StandIn, checkpoint_number, mismatches,
+                                       newest_first)
 from t2t_lite.core.errors import UsageError
 
 
@@ -63,44 +64,45 @@ def source_vocabulary(source: str, snapshot) -> str:
 
 
 def copy_mapped(learner, path: str, source_hparams, source_vocab_size: int,
-                      mapping=None, with_optimizer: bool = False) -> str:
+                mapping=None, with_optimizer: bool = False) -> str:
   """A new run starts from checkpoint `path` of a run with other vocabulary rows (`mapping`,
   a vocab_map.VocabMapping; None: the same vocabulary) or other frozen parts: the source's
   model (and with `with_optimizer` its Adam slots, over the variables it trained) is read
-  into a model of its own shapes, then copied variable by variable, the vocabulary's rows
-  mapped. The model hparams other than the vocabulary must match. Returns what was reset,
+  into a model of its own shapes, then copied variable by variable, paired by name, the
+  vocabulary's rows mapped; other variables are refused in one line. Returns what was reset,
   for the log."""
   from t2t_lite.core import registry
   source = registry.model(source_hparams.model)(source_hparams, source_vocab_size)
   tf.train.Checkpoint(model=source).read(path).expect_partial() \
       .assert_existing_objects_matched()
   target = learner.model
-  vocab_axes = {v.ref(): axis for v, axis in target.vocab_variables()}
-  pairs = list(zip(target.trainable_variables, source.trainable_variables))
-  for ours, theirs in pairs:
-    value = theirs.numpy()
-    if ours.ref() in vocab_axes and mapping is not None:
-      value = mapping.map_rows(value, ours.numpy(), vocab_axes[ours.ref()])
-    ours.assign(value)
+  theirs, ours = _by_name(source), _by_name(target)
+  vocab_axes = _vocab_axes(target, ours)
+  _check_same_variables(theirs, ours, path, vocab_axes)
+  for name, variable in ours.items():
+    value = theirs[name].numpy()
+    if name in vocab_axes and mapping is not None:
+      value = mapping.map_rows(value, variable.numpy(), vocab_axes[name])
+    variable.assign(value)
   if not with_optimizer:
     return ""
-  trained = source.trained_variables()
-  m = [tf.Variable(tf.zeros_like(v), trainable=False) for v in trained]
-  v = [tf.Variable(tf.zeros_like(v), trainable=False) for v in trained]
-  tf.train.Checkpoint(optimizer=tf.train.Checkpoint(m=m, v=v)).read(path).expect_partial() \
-      .assert_existing_objects_matched()
-  slots = {var.ref(): (mi, vi) for var, mi, vi in zip(trained, m, v)}
-  by_ours = {ours.ref(): theirs for ours, theirs in pairs}
+  trained = source.trained_names(source_hparams.frozen_parts)
+  per_variable = PerVariable(path, trained, trained, theirs)
+  slots = {name: tf.Variable(tf.zeros_like(theirs[name]), trainable=False) for name in trained}
+  second = {name: tf.Variable(tf.zeros_like(theirs[name]), trainable=False) for name in trained}
+  tf.train.Checkpoint(optimizer=StandIn({**per_variable.fields("m_of", "m", slots),
+                                         **per_variable.fields("v_of", "v", second)})) \
+      .read(path).expect_partial().assert_existing_objects_matched()
   untrained = 0
-  for ours, m_ours, v_ours in zip(learner.variables, learner.adam.m, learner.adam.v):
-    theirs = by_ours[ours.ref()]
-    if theirs.ref() not in slots:
+  for name in learner.names:
+    if name not in per_variable.carried:
       untrained += 1  # frozen in the source: no moments to carry
       continue
-    for slot, source_slot in zip((m_ours, v_ours), slots[theirs.ref()]):
+    for slot, source_slot in ((learner.adam.m_of[name], slots[name]),
+                              (learner.adam.v_of[name], second[name])):
       value = source_slot.numpy()
-      if ours.ref() in vocab_axes and mapping is not None:
-        value = mapping.map_moments(value, vocab_axes[ours.ref()])
+      if name in vocab_axes and mapping is not None:
+        value = mapping.map_moments(value, vocab_axes[name])
       slot.assign(value)
   reset = []
   if mapping is not None:
@@ -109,6 +111,43 @@ def copy_mapped(learner, path: str, source_hparams, source_vocab_size: int,
   if untrained:
     reset.append(f"{untrained} variables the source did not train")
   return "; Adam's moments start at 0 for " + " and ".join(reset) if reset else ""
+
+
+def _by_name(model) -> dict:
+  """{name: variable} of `model`'s trainable variables (Transformer.variable_names)."""
+  names = model.variable_names()
+  return {names[v.ref()]: v for v in model.trainable_variables}
+
+
+def _vocab_axes(model, by_name: dict) -> dict:
+  """{name: the axis with a row per vocabulary piece} of `model`'s vocabulary variables."""
+  axes = {v.ref(): axis for v, axis in model.vocab_variables()}
+  return {name: axes[v.ref()] for name, v in by_name.items() if v.ref() in axes}
+
+
+def _check_same_variables(theirs: dict, ours: dict, path: str, vocab_axes: dict) -> None:
+  """A usage error, in one line, unless the source's variables (`theirs`, by name) are this
+  model's, of the same shapes but along the vocabulary axis."""
+  missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+  shapes = [f"{name} {theirs[name].shape.as_list()} != ours {ours[name].shape.as_list()}"
+            for name in ours if name in theirs and not _same_but(
+                theirs[name].shape.as_list(), ours[name].shape.as_list(), vocab_axes.get(name))]
+  if not (missing or extra or shapes):
+    return
+  shown = lambda names: ", ".join(names[:3]) + (f" and {len(names) - 3} more"  # noqa: E731
+                                                if len(names) > 3 else "")
+  what = "; ".join(part for part in (
+      missing and f"the source lacks {shown(missing)}",
+      extra and f"this model lacks {shown(extra)}",
+      shapes and f"other shapes: {shown(shapes)}") if part)
+  raise UsageError(f"--warm_start_from={path}: its variables are not this model's ({what}); "
+                   "warm start needs the same model (the same norm placement, layers and "
+                   "sizes; the vocabulary may differ)")
+
+
+def _same_but(a: list, b: list, axis: int | None) -> bool:
+  """Whether shapes `a` and `b` agree except along `axis` (None: everywhere)."""
+  return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != axis)
 
 
 def copy(learner, vocab, hparams, path: str, source_vocab_file: str = "",
@@ -197,7 +236,10 @@ def read_same_shapes(learner, path: str, with_optimizer: bool = False, source: s
   objects = {"model": learner.model}
   if with_optimizer:
     # The slots only: the stand-in has the optimizer's attribute names, not its counter.
-    objects["optimizer"] = tf.train.Checkpoint(m=learner.adam.m, v=learner.adam.v)
+    model = _by_name(learner.model)
+    slots = PerVariable(path, learner.names, learner.names, model)
+    objects["optimizer"] = StandIn({**slots.fields("m_of", "m", learner.adam.m_of),
+                                    **slots.fields("v_of", "v", learner.adam.v_of)})
   mismatched = mismatches(objects, path)
   if mismatched:
     shown = "; ".join(mismatched[:4]) + (f"; and {len(mismatched) - 4} more"

@@ -209,6 +209,13 @@ class Block(tf.Module):
     return x, new_cache
 
 
+def variable_names(module: tf.Module) -> dict:
+  """{variable.ref(): the "/"-joined attribute path} of `module`'s trainable variables."""
+  paths = module._flatten(  # noqa: SLF001  (tf.Module's own walk, in trainable_variables' order)
+      predicate=lambda x: isinstance(x, tf.Variable) and x.trainable, with_path=True)
+  return {variable.ref(): "/".join(str(part) for part in path) for path, variable in paths}
+
+
 class Transformer(tf.Module):
   """Encoder-decoder Transformer over one joint vocabulary."""
 
@@ -243,12 +250,13 @@ class Transformer(tf.Module):
     # (a string: a dict attribute would become a checkpoint dependency of the module)
     self.frozen_spec = hparams.frozen_parts
 
-  def frozen_variables(self) -> list:
-    """The variables `frozen_parts` names, in the order of trainable_variables."""
+  def frozen_variables(self, spec: str | None = None) -> list:
+    """The variables `frozen_parts` names (`spec`: another value of it), in the order of
+    trainable_variables."""
     from types import SimpleNamespace
     parts, modules = frozen_parts(SimpleNamespace(
-        frozen_parts=self.frozen_spec, num_encoder_layers=len(self.encoder),
-        num_decoder_layers=len(self.decoder))), []
+        frozen_parts=self.frozen_spec if spec is None else spec,
+        num_encoder_layers=len(self.encoder), num_decoder_layers=len(self.decoder))), []
     if parts["embeddings"]:
       modules.append(self.embedding)
       if not self.shared:
@@ -269,11 +277,23 @@ class Transformer(tf.Module):
       return [(self.embedding, 0)]
     return [(self.embedding, 0), (self.target_embedding, 0), (self.softmax.kernel, 1)]
 
-  def trained_variables(self) -> list:
-    """The trainable variables that train: all but the frozen ones, in a fixed order (the
-    order of Adam's slots, the accumulators and the moving average)."""
-    frozen = {v.ref() for v in self.frozen_variables()}
+  def trained_variables(self, spec: str | None = None) -> list:
+    """The trainable variables that train: all but the frozen ones (`spec`: under another
+    value of frozen_parts), in the order of trainable_variables."""
+    frozen = {v.ref() for v in self.frozen_variables(spec)}
     return [v for v in self.trainable_variables if v.ref() not in frozen]
+
+  def variable_names(self) -> dict:
+    """{variable.ref(): name} of the trainable variables: the path of attributes that holds
+    each ("decoder/0/ffn/dense1/kernel"), the same as under `model/` in a checkpoint. Adam's
+    moments, the accumulators and the moving average are kept under these names."""
+    return variable_names(self)
+
+  def trained_names(self, frozen_spec: str) -> list[str]:
+    """The names of the variables that train under frozen_parts=`frozen_spec` (as recorded
+    by a run: what an older checkpoint's lists of state were ordered by), in order."""
+    names = self.variable_names()
+    return [names[v.ref()] for v in self.trained_variables(frozen_spec)]
 
   # --- pieces ------------------------------------------------------------------------
   def _embed(self, ids, table, positions):

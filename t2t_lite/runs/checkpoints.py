@@ -84,3 +84,68 @@ def mismatches(objects: dict, path: str) -> list[str]:
     elif list(theirs[name]) != list(shape):
       found.append(f"{short} {list(theirs[name])} != ours {list(shape)}")
   return found
+
+
+def _unescape(part: str) -> str:
+  """A name as a checkpoint key spells it ('/' as '.S', '.' as '..') back to the name."""
+  return re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), part)
+
+
+def state_by_name(path: str, field: str) -> set[str] | None:
+  """The variable names under which the checkpoint at `path` keeps the per-variable state
+  `field` ("optimizer/m_of", "ema/average_of", ...); None where it keeps that state as a
+  list in the order of the variables that trained (checkpoints of earlier versions, see
+  training.resume) or holds none of it."""
+  prefix, suffix = field + "/", "/.ATTRIBUTES/VARIABLE_VALUE"
+  names = {_unescape(key[len(prefix):-len(suffix)]) for key, _ in tf.train.list_variables(path)
+           if key.startswith(prefix) and key.endswith(suffix)}
+  return names or None
+
+
+class StandIn(tf.Module):
+  """A stand-in for an object a checkpoint holds: its attribute names, other variables, so
+  that reading the checkpoint into it writes into those (some of a run's state, or a
+  selection of it)."""
+
+  def __init__(self, fields: dict):
+    super().__init__()
+    for name, value in fields.items():
+      setattr(self, name, value)
+
+
+class PerVariable:
+  """Which variables' own state (Adam's moments, the accumulated gradients, the moving
+  average) the checkpoint at `path` holds, against the variables that train now (`names`,
+  in order): those it holds are carried, the others start fresh, and what it holds of
+  variables that no longer train is dropped.
+
+  A checkpoint keeps that state by variable name (`optimizer/m_of/<name>`); one of an
+  earlier version as lists in the order of the variables that trained then (`earlier`, the
+  names under the frozen_parts it was written with). `model`: the variables by name, for
+  the shapes of dropped list entries."""
+
+  def __init__(self, path: str, names: list[str], earlier: list[str], model_variables: dict):
+    stored = state_by_name(path, "optimizer/m_of")
+    self.by_name = stored is not None
+    self.earlier, self.model_variables = earlier, model_variables
+    stored = stored if stored is not None else set(earlier)
+    self.carried = [name for name in names if name in stored]
+    self.fresh = [name for name in names if name not in stored]
+    self.dropped = sorted(stored - set(names))
+
+  def fields(self, by_name: str, listed: str, of: dict) -> dict:
+    """The fields of a stand-in for the dict `of` (the object's attribute `by_name`; in an
+    earlier version's checkpoint, its list attribute `listed`)."""
+    if self.by_name:
+      return {by_name: {name: of[name] for name in self.carried}}
+    return {listed: [of[name] if name in of else
+                     tf.Variable(tf.zeros_like(self.model_variables[name]), trainable=False)
+                     for name in self.earlier]}
+
+  @property
+  def changed(self) -> bool:
+    return bool(self.fresh or self.dropped)
+
+  def describe(self) -> str:
+    return (f"carried for {len(self.carried)} variables, started fresh for "
+            f"{len(self.fresh)} newly trained, dropped for {len(self.dropped)} newly frozen")

@@ -22,8 +22,8 @@ weights have no part in it. The clamp of TensorFlow's ExponentialMovingAverage a
 OpenNMT-py (decay at most (1 + u) / (10 + u) at update u) counts updates, so it would undo
 the invariance above while it acts; the correction counts tokens through d and keeps it.
 
-The average lives in the checkpoint beside the raw weights, as `ema` (`averages` in the order
-of the model's trainable variables, and `weight`): the raw weights keep training, so a resumed
+The average lives in the checkpoint beside the raw weights, as `ema` (`average_of` by the
+name of each variable that trains, and `weight`): the raw weights keep training, so a resumed
 run continues from them and not from the average. Readers of a checkpoint (evaluation,
 decoding, averaging, export) take the average by default (`restore_weights`).
 """
@@ -45,11 +45,13 @@ EMA, RAW = "ema", "raw"
 class WeightAverage(tf.Module):
   """The moving average of `variables`, one float32 copy of each (see the module doc)."""
 
-  def __init__(self, variables, decay: float, reference_tokens: float):
+  def __init__(self, variables, names, decay: float, reference_tokens: float):
     super().__init__(name="ema")
     self.decay, self.reference_tokens = float(decay), float(reference_tokens)
-    self.averages = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
-                                 name="average") for v in variables]
+    # by the variable's name, as Adam's slots (a checkpoint's `ema/average_of/<name>`)
+    self.average_of = {name: tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
+                                         name="average")
+                       for name, v in zip(names, variables)}
     # 1 - the product of the decays so far: 0 until the first update (no average yet).
     self.weight = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="weight")
 
@@ -63,6 +65,11 @@ class WeightAverage(tf.Module):
     for average, variable in zip(self.averages, variables):
       average.assign_add(rate * (tf.cast(variable, tf.float32) - average))
     self.weight.assign(weight)
+
+  @property
+  def averages(self) -> list:
+    """The averages, in the order of the variables."""
+    return list(self.average_of.values())
 
   def nbytes(self) -> int:
     return sum(v.shape.num_elements() * 4 for v in self.averages)
@@ -86,11 +93,15 @@ def enabled(hparams) -> bool:
 
 class _Averages(tf.Module):
   """The checkpoint's `ema` object, with the model's own variables in place of the averages:
-  reading it writes the average into the model."""
+  reading it writes the average into the model. `average_of`: by name; `averages`: a list in
+  the order of the variables that trained (checkpoints of earlier versions)."""
 
-  def __init__(self, variables):
+  def __init__(self, average_of: dict | None = None, averages: list | None = None):
     super().__init__(name="ema")
-    self.averages = list(variables)
+    if average_of is not None:
+      self.average_of = average_of
+    else:
+      self.averages = list(averages)
 
 
 def average_weight(path: str) -> float | None:
@@ -119,9 +130,21 @@ def resolve(path: str, choice: str, flag: str = "--weights") -> str:
 
 
 def restore_averages(model, path: str) -> None:
-  """Writes the checkpoint's moving average into the variables of `model` that train (the
-  averages are of those, in their order; frozen parts keep their weights)."""
-  tf.train.Checkpoint(**{CHECKPOINT_KEY: _Averages(model.trained_variables())}).read(
+  """Writes the checkpoint's moving average into the variables of `model` that it averaged
+  (those that trained; frozen parts keep their weights)."""
+  from t2t_lite.runs.checkpoints import state_by_name
+  stored = state_by_name(path, f"{CHECKPOINT_KEY}/average_of")
+  if stored is None:  # an earlier version's list, over the variables that train
+    view = _Averages(averages=model.trained_variables())
+  else:
+    names = model.variable_names()
+    view = _Averages(average_of={names[v.ref()]: v for v in model.trainable_variables
+                                 if names[v.ref()] in stored})
+    if len(view.average_of) != len(stored):
+      raise UsageError(f"checkpoint {path} holds averages of variables this model lacks "
+                       f"({', '.join(sorted(stored - set(view.average_of))[:3])}); read it "
+                       "with the hparams it was trained with")
+  tf.train.Checkpoint(**{CHECKPOINT_KEY: view}).read(
       path).expect_partial().assert_existing_objects_matched()
 
 

@@ -156,7 +156,10 @@ class Learner:
     if not self.variables:
       raise UsageError(f"frozen_parts={hparams.frozen_parts!r} freezes every variable; "
                        "nothing would train")
-    self.adam = Adam(self.variables, hparams.optimizer_adam_beta1,
+    # Adam's slots, the accumulators and the moving average are kept by these names.
+    names = self.model.variable_names()
+    self.names = [names[v.ref()] for v in self.variables]
+    self.adam = Adam(self.variables, self.names, hparams.optimizer_adam_beta1,
                      hparams.optimizer_adam_beta2, hparams.optimizer_adam_epsilon)
     counter = dict(dtype=tf.int64, trainable=False,
                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -171,10 +174,10 @@ class Learner:
     # The last update of a schedule with a cooldown; 0 until fixed (see t2t_lite.training.budget).
     self.cooldown = hparams_check.has_cooldown(hparams)
     self.cooldown_end = tf.Variable(0, name="cooldown_end", **counter)
-    self.accumulator = (GradientAccumulator(self.variables)
+    self.accumulator = (GradientAccumulator(self.variables, self.names)
                         if self.schedule.needs_accumulators else None)
     # The moving average of the weights (t2t_lite.runs.ema), updated after each applied update.
-    self.average = (ema_lib.WeightAverage(self.variables, hparams.ema_decay,
+    self.average = (ema_lib.WeightAverage(self.variables, self.names, hparams.ema_decay,
                                           hparams.ema_reference_tokens)
                     if ema_lib.enabled(hparams) else None)
     self.window = Window()
@@ -435,6 +438,17 @@ class Learner:
       self.micro_step.assign(micro_step)
     self.layout.assign([replicas, steps])
     self.forget_host_counters()
+
+  def start_fresh(self, names: list[str]) -> None:
+    """Between updates, the variables `names` start training as in a new run (a resume on
+    which they train and the checkpoint's run did not): Adam's moments at 0, the moving
+    average at their weights (unchanged while they were frozen)."""
+    variables = dict(zip(self.names, self.variables))
+    for name in names:
+      self.adam.m_of[name].assign(tf.zeros_like(variables[name]))
+      self.adam.v_of[name].assign(tf.zeros_like(variables[name]))
+      if self.average is not None:
+        self.average.average_of[name].assign(variables[name])
 
   def fix_cooldown_end(self, end: int) -> None:
     """The run's last update under a learning-rate cooldown, once fixed (budget.RunEnd)."""

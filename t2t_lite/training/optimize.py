@@ -77,14 +77,28 @@ def cooldown_factor(update, end, fraction: float):
 
 
 class Adam(tf.Module):
-  """Adam with one slot pair per variable and an update counter (`iterations`)."""
+  """Adam with an update counter (`iterations`) and one slot pair per variable, kept by the
+  variable's name (`names`, see Transformer.variable_names): a checkpoint holds them as
+  `optimizer/m_of/<name>` and `optimizer/v_of/<name>`, so that a resume on which other
+  variables train (frozen_parts) finds each variable's moments (see training.resume)."""
 
-  def __init__(self, variables, beta1: float, beta2: float, epsilon: float):
+  def __init__(self, variables, names, beta1: float, beta2: float, epsilon: float):
     super().__init__(name="adam")
     self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
     self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
-    self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
-    self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
+    self.m_of = {name: tf.Variable(tf.zeros_like(v), trainable=False, name="m")
+                 for name, v in zip(names, variables)}
+    self.v_of = {name: tf.Variable(tf.zeros_like(v), trainable=False, name="v")
+                 for name, v in zip(names, variables)}
+
+  @property
+  def m(self) -> list:
+    """The first moments, in the order of the variables."""
+    return list(self.m_of.values())
+
+  @property
+  def v(self) -> list:
+    return list(self.v_of.values())
 
   def apply(self, grads, variables, lr):
     """One Adam step for every variable, each one fused kernel (ResourceApplyAdam computes
@@ -102,19 +116,26 @@ class Adam(tf.Module):
 
 
 class GradientAccumulator(tf.Module):
-  """Per-replica sums of the micro-steps' gradients, summed losses and token counts.
+  """Per-replica sums of the micro-steps' gradients (by variable name, as Adam's slots),
+  summed losses and token counts.
 
   ON_READ/SUM variables: each replica adds to its own copy with no communication; a read in
   cross-replica context (at the update) sums the copies.
   """
 
-  def __init__(self, variables):
+  def __init__(self, variables, names):
     super().__init__(name="accumulator")
     local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
                  aggregation=tf.VariableAggregation.SUM)
-    self.gradients = [tf.Variable(tf.zeros_like(v), name="gradient", **local) for v in variables]
+    self.gradient_of = {name: tf.Variable(tf.zeros_like(v), name="gradient", **local)
+                        for name, v in zip(names, variables)}
     self.loss = tf.Variable(0.0, name="loss", **local)
     self.tokens = tf.Variable(0.0, name="tokens", **local)
+
+  @property
+  def gradients(self) -> list:
+    """The sums, in the order of the variables."""
+    return list(self.gradient_of.values())
 
   def add(self, grads, loss, tokens) -> None:
     for acc, grad in zip(self.gradients, grads):

@@ -29,7 +29,8 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite.core.errors import RunError, UsageError
-from t2t_lite.runs.checkpoints import checkpoint_number, mismatches, newest_first
+from t2t_lite.runs.checkpoints import (PerVariable, StandIn, checkpoint_number, mismatches,
+                                       newest_first)
 from t2t_lite.training.budget import TRAIN_SECONDS
 from t2t_lite.training.milestones import SAMPLED_FROM
 
@@ -58,6 +59,12 @@ class Resume:
     self.allow_stream_change = allow_stream_change
     self.allow_hparams_change = allow_hparams_change
     self.lacks = set()  # what the checkpoint restored lacks (upgraded once restored)
+    self.per_variable = None  # its runs.checkpoints.PerVariable
+
+  def _recorded(self, name: str):
+    """The value of hparam `name` that the run recorded (this run's where none is)."""
+    hparams = (self.record or {}).get("hparams", {})
+    return hparams.get(name, getattr(self.learner.hparams, name))
 
   def restore(self) -> str | None:
     """Restores the newest usable checkpoint, upgraded and on this run's layout; its path,
@@ -73,6 +80,7 @@ class Resume:
     learner = self.learner
     learner.forget_host_counters()
     upgrade(learner, self.lacks, self.record, path)
+    take_per_variable(learner, self.per_variable, path, self._recorded("frozen_parts"))
     move_layout(learner, self.run_steps, path, self.allow_hparams_change)
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(learner.update_step.numpy()), int(learner.micro_step.numpy()))
@@ -91,10 +99,11 @@ class Resume:
       try:
         stored = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
         self.lacks = checkpoint_lacks(path, stored, self.allow_stream_change)
-        tf.train.Checkpoint(**{
-            name: value for name, value in self.checkpoints.objects.items()
-            if name in stored or name not in OPTIONAL}).restore(
-                path).assert_existing_objects_matched()
+        objects = {name: value for name, value in self.checkpoints.objects.items()
+                   if name in stored or name not in OPTIONAL}
+        objects, self.per_variable = by_variable(self.learner, objects, path,
+                                                 self._recorded("frozen_parts"))
+        tf.train.Checkpoint(**objects).restore(path).assert_existing_objects_matched()
       except UsageError as err:
         return FAILED, None, err
       except AssertionError as err:  # readable, but written by another setup
@@ -169,6 +178,54 @@ class Resume:
                       "resume from ckpt-%d, the newest every worker has", first,
                       numbers[0])
     return number, path, None
+
+
+def by_variable(learner, objects: dict, path: str, frozen_then: str):
+  """(`objects` with the per-variable state of the checkpoint at `path` read through
+  stand-ins that hold only what it has of the variables that train now, the
+  runs.checkpoints.PerVariable); `frozen_then`: the frozen_parts the run recorded (the
+  order of an earlier version's lists)."""
+  model = learner.model
+  names = model.variable_names()
+  per_variable = PerVariable(path, learner.names, model.trained_names(frozen_then),
+                             {names[v.ref()]: v for v in model.trainable_variables})
+  objects = dict(objects)
+  adam = learner.adam
+  objects["optimizer"] = StandIn({"iterations": adam.iterations,
+                                  **per_variable.fields("m_of", "m", adam.m_of),
+                                  **per_variable.fields("v_of", "v", adam.v_of)})
+  if "accumulator" in objects:
+    acc = learner.accumulator
+    objects["accumulator"] = StandIn({
+        "loss": acc.loss, "tokens": acc.tokens,
+        **per_variable.fields("gradient_of", "gradients", acc.gradient_of)})
+  if "ema" in objects:
+    average = learner.average
+    objects["ema"] = StandIn({"weight": average.weight,
+                              **per_variable.fields("average_of", "averages",
+                                                    average.average_of)})
+  return objects, per_variable
+
+
+def take_per_variable(learner, per_variable, path: str, frozen_then: str) -> None:
+  """After a restore on which other variables train than the checkpoint's (frozen_parts
+  changed): the newly trained ones start as in a new run, their moving average at their
+  weights (which did not change while frozen); refused mid-update, where the accumulated
+  gradients of the update in progress would cover only some variables."""
+  if not per_variable.changed:
+    return
+  position = learner.position()
+  if position:
+    update = int(learner.update_step.numpy()) + 1
+    raise UsageError(
+        f"checkpoint {path} was written mid-update ({position} micro-steps of update "
+        f"{update}) with other frozen_parts than this run's; resume it with "
+        f"frozen_parts={frozen_then} and --train_steps={update} to finish that update, "
+        "then change them")
+  learner.start_fresh(per_variable.fresh)
+  logging.info("frozen_parts changed since %s: Adam's moments%s %s", path,
+               " and the moving average" if learner.average is not None else "",
+               per_variable.describe())
 
 
 def checkpoint_lacks(path: str, names: set[str], allow_stream_change: bool = False) -> set[str]:
