@@ -232,3 +232,25 @@ def test_slots_follow_their_variables_from_a_source_that_froze_nothing(tiny_run,
   for name, m in learner.adam.m_of.items():
     np.testing.assert_array_equal(m.numpy(), get(f"optimizer/m_of/{_escaped(name)}"))
   assert len(learner.adam.m) < len(everything)
+
+
+def test_warm_start_pairs_variables_by_name_and_refuses_other_ones_in_one_line(tmp_path):
+  """A post-norm source has no stack norms and its blocks' norms sit elsewhere in the
+  order: paired by position they would meet the wrong variables; by name the copy is
+  refused, naming what differs."""
+  from t2t_lite.adapting import warm_start
+  from t2t_lite.training.learner import Learner
+  post = tiny_hparams(layer_preprocess_sequence="none", layer_postprocess_sequence="dan")
+  source = registry.model("transformer")(post, 40)
+  path = tf.train.Checkpoint(model=source).write(str(tmp_path / "ckpt-1"))
+  learner = Learner(tiny_hparams(), 40, 1)
+  with pytest.raises(UsageError, match=r"^--warm_start_from=.*ckpt-1: its variables are not "
+                     r"this model's \(the source lacks decoder_norm/bias, decoder_norm/scale, "
+                     r"encoder_norm/bias and 1 more\); warm start needs the same model"):
+    warm_start.copy_mapped(learner, path, post, 40)
+  # the same model: every variable copied by its name
+  pre = registry.model("transformer")(tiny_hparams(), 40, seed=5)
+  path = tf.train.Checkpoint(model=pre).write(str(tmp_path / "ckpt-2"))
+  assert warm_start.copy_mapped(learner, path, tiny_hparams(), 40) == ""
+  for ours, theirs in zip(learner.model.trainable_variables, pre.trainable_variables):
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
