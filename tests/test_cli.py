@@ -51,6 +51,11 @@ def test_dry_run_of_single_step_set_has_no_accumulators_and_states_the_moving_av
     (["--hparams=learning_rate_schedule=constant*cosine"], "unknown factor 'cosine'"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
     (["--train_steps=many"], "--train_steps"),
+    (["--allow_stream_change"], "--allow_stream_change is read only when resuming a run"),
+    (["--hparams=length_bucket_step=1.5"], "--hparams length_bucket_step: the training batches "
+                                          "are planned in length buckets only with "
+                                          "--xla_compile"),
+    (["--hparams=min_length_bucket=16"], "pass --xla_compile, or drop min_length_bucket"),
 ])
 def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):
   output_dir = tmp_path / "run"

@@ -57,3 +57,13 @@ def test_a_closed_output_pipe_ends_the_program_quietly(tmp_path):
   closed = subprocess.run(["bash", "-c", f"set -o pipefail; {command} | true"],
                           capture_output=True, text=True, timeout=60, env=env)
   assert (closed.returncode, closed.stderr) == (141, ""), closed
+
+
+def test_the_trainers_metrics_take_the_bleu_tools_spelling_too():
+  from t2t_lite.inference.metrics import judged_by, parse_metrics
+  assert parse_metrics("bleu,chrf,dev_loss", 8) == ("dev_bleu", "dev_chrf", "dev_loss")
+  assert parse_metrics("dev_bleu,bleu", 8) == ("dev_bleu",)
+  assert judged_by("loss", ("dev_loss", "dev_bleu"), True) == "dev_loss"
+  assert judged_by("bleu", ("dev_loss", "dev_bleu"), False) == "dev_bleu"
+  with pytest.raises(UsageError, match="unknown metric 'blue'"):
+    parse_metrics("blue", 8)

@@ -253,3 +253,38 @@ def test_a_copied_run_averages_its_own_best_and_a_missing_one_is_named(selected_
   with pytest.raises(UsageError, match=f"best.json lists {kept[1]['checkpoint']}, which is not "
                      "there"):
     avg_checkpoints.average(copy, 5, str(tmp_path / "avg2"), best_of=0)
+
+
+def test_a_kill_at_the_first_evaluation_is_evaluated_on_resume(multi30k_data, tmp_path):
+  output_dir = str(tmp_path / "run")
+  flags = _flags(multi30k_data, output_dir, "--local_eval_frequency=2", "--eval_steps=1",
+                 "--eval_bleu_sentences=0", "--eval_metrics=dev_loss", "--train_steps=2",
+                 "--save_checkpoints_steps=2")
+  killed = cli("t2t-lite-trainer", *flags, env={"T2T_LITE_FAULT": "evaluate:1"})
+  assert killed.returncode == -9 and not os.path.exists(os.path.join(output_dir, "best"))
+  resumed = cli("t2t-lite-trainer", *flags, check=True)
+  assert "update 2 was saved but not evaluated before the run stopped" in resumed.stderr
+  assert list(_evaluations(resumed.stderr)) == [2]
+  best = _best(output_dir)
+  assert (best["evaluated_at"], [e["update"] for e in best["kept"]]) == (2, [2])
+
+
+def test_the_weights_each_evaluation_ranked_are_recorded_and_a_change_is_refused(tmp_path):
+  from t2t_lite.core.errors import UsageError
+  from t2t_lite.inference.translator import _recorded_weights
+  from t2t_lite.training.best import BestCheckpoints
+  directory = str(tmp_path / "best")
+  model = tf.Module()
+  model.w = tf.Variable([1.0])
+  BestCheckpoints(directory, "dev_loss", True, 2, weights="ema").record(
+      3, {"dev_loss": 2.5}, model)
+  best = _best(str(tmp_path))
+  assert [(e["update"], e["weights"]) for e in best["kept"]] == [(3, "ema")]
+  assert _recorded_weights(os.path.join(directory, "ckpt-3"))[0] == "ema"
+  with pytest.raises(UsageError, match=r"best ranks the evaluations of the ema weights and "
+                     r"this run evaluates the raw ones, which would rank the two together; "
+                     r"resume with --eval_weights=ema, or move .* away to keep them"):
+    BestCheckpoints(directory, "dev_loss", True, 2, weights="raw")
+  BestCheckpoints(directory, "dev_loss", True, 2, weights="ema").record(
+      4, {"dev_loss": 2.0}, model)
+  assert [e["update"] for e in _best(str(tmp_path))["kept"]] == [4, 3]

@@ -180,6 +180,7 @@ def _resolve():
     common.require(data_dir, "data_dir", "data/multi30k_ende")
   seed = _from_run(previous, "random_seed", "random_seed")
   _check_stream_flags(previous)
+  _check_bucket_hparams(hparams)
   snapshot = None
   if not FLAGS.dry_run:  # the data this run (and a run it starts from) was trained on
     snapshot = problem.snapshot(data_dir)  # everything of the data comes from this read
@@ -356,7 +357,12 @@ def _train_minutes(recorded: dict | None) -> float:
 
 def _check_stream_flags(recorded: dict | None) -> None:
   """--xla_compile plans the training batches in buckets (one shape each), without it they
-  are cut by tokens: a run resumed with the other setting would read other batches."""
+  are cut by tokens: a run resumed with the other setting would read other batches.
+  --allow_stream_change is read only on resuming."""
+  if recorded is None and FLAGS.allow_stream_change:
+    raise UsageError("--allow_stream_change is read only when resuming a run (it lets one "
+                     "resume on other training batches); this --output_dir holds no run: "
+                     "drop it")
   before = (recorded or {}).get("xla_compile")
   if before is None or before == FLAGS.xla_compile or FLAGS.allow_stream_change:
     return
@@ -365,6 +371,23 @@ def _check_stream_flags(recorded: dict | None) -> None:
                    f"{'in length buckets' if before else 'by tokens'}; resume it "
                    f"{'with' if before else 'without'} the flag, or pass "
                    "--allow_stream_change to go on with the other plan's batches")
+
+
+BUCKET_HPARAMS = ("min_length_bucket", "length_bucket_step")
+
+
+def _check_bucket_hparams(hparams) -> None:
+  """tensor2tensor's length buckets shape the training batches only with --xla_compile
+  (without it they are cut by tokens, t2t_lite.data.stream): their hparams given without
+  it are refused, not ignored."""
+  if FLAGS.xla_compile or not FLAGS.hparams:
+    return
+  given = [name for name in hparams.copy().parse(FLAGS.hparams) if name in BUCKET_HPARAMS]
+  if given:
+    raise UsageError(f"--hparams {given[0]}: the training batches are planned in length "
+                     "buckets only with --xla_compile; without it they are cut by tokens "
+                     "(batch_size tokens, padding counted) and the buckets shape only the "
+                     f"dev batches; pass --xla_compile, or drop {given[0]}")
 
 
 def _from_run(recorded: dict | None, flag: str, key: str):

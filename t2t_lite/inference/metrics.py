@@ -101,7 +101,8 @@ def parse_metrics(spec: str, decoded_sentences: int) -> tuple[str, ...]:
   sentences to decode."""
   if not spec.strip():
     return tuple(m for m in DEV_DEFAULT if decoded_sentences or m not in DEV_DECODED)
-  names = tuple(dict.fromkeys(name.strip() for name in spec.split(",") if name.strip()))
+  names = tuple(dict.fromkeys(dev_name(name.strip()) for name in spec.split(",")
+                              if name.strip()))
   for name in names:
     if name not in LOWER_IS_BETTER:
       raise UsageError(f"--eval_metrics: unknown metric {name!r}; known: {', '.join(DEV_METRICS)}")
@@ -112,12 +113,18 @@ def parse_metrics(spec: str, decoded_sentences: int) -> tuple[str, ...]:
   return names
 
 
+def dev_name(name: str) -> str:
+  """A dev metric's name: `dev_bleu` as given, or `bleu` as t2t-lite-bleu --metrics spells it
+  (and `loss` as tensor2tensor's eval_early_stopping_metric does)."""
+  return f"dev_{name}" if f"dev_{name}" in LOWER_IS_BETTER else name
+
+
 def judged_by(spec: str, metrics: tuple[str, ...], early_stopping: bool) -> str:
   """The metric that ranks the evaluations (--eval_early_stopping_metric): `spec`, or by
   default dev_loss with early stopping (tensor2tensor's default, "loss"), and without it
   dev_bleu where it is measured, else dev_loss; a usage error if it is not measured."""
-  metric = spec or ("dev_bleu" if "dev_bleu" in metrics and not early_stopping
-                    else "dev_loss")
+  metric = dev_name(spec) if spec else ("dev_bleu" if "dev_bleu" in metrics and
+                                        not early_stopping else "dev_loss")
   if metric not in LOWER_IS_BETTER:
     raise UsageError(f"--eval_early_stopping_metric={metric}: choose one of "
                      f"{', '.join(DEV_METRICS)}")

@@ -172,7 +172,11 @@ def _recorded_weights(path: str) -> tuple[str, str] | None:
       with open(record_path) as f:
         record = json.load(f)
       kind = record.get("weights", "raw") if isinstance(record, dict) else "raw"
-    except (OSError, ValueError):
+      if name == "best.json":  # the weights that evaluation of this checkpoint read
+        kind = next((entry.get("weights", kind) for entry in record.get("kept") or []
+                     if isinstance(entry, dict) and entry.get("checkpoint")
+                     == os.path.basename(path)), kind)
+    except (OSError, ValueError, AttributeError):
       return None
     from t2t_lite.runs import ema
     if name == "averaged.json":

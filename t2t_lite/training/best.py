@@ -6,8 +6,10 @@
   the delta, and `evaluated_at`, the last update evaluated (so that a run killed between a
   save and its evaluation evaluates that update when it resumes);
 - `kept`: the K best evaluations (`--keep_best_checkpoints`), best first, each with its
-  update, value, all its dev figures and its checkpoint `ckpt-<update>` in this folder (the
-  weights evaluated: the moving average where the run evaluates it, see `weights`).
+  update, value, all its dev figures, the weights evaluated (`weights`: the moving average
+  where the run evaluates it, else the raw weights) and its checkpoint `ckpt-<update>` in
+  this folder, which holds those weights. A run resumed to evaluate the other weights is
+  refused, as one judging by another metric is: the two would be ranked together.
 Checkpoints are named relative to the folder, so a moved or copied run reads its own.
 The kept checkpoints are this folder's own: `--keep_checkpoint_max` never rotates them away.
 A checkpoint's state file lists them worst to best, so a reader of the newest checkpoint
@@ -59,6 +61,13 @@ class BestCheckpoints:
                        f"and this run judges by {self.metric}, which would replace them; "
                        f"resume with --eval_early_stopping_metric={state.get('metric')}, or "
                        f"move {self.directory} away to keep them")
+    ranked = {entry.get("weights", state.get("weights", "raw")) for entry in state["kept"]}
+    if ranked - {self.weights}:
+      raise UsageError(f"{self.directory} ranks the evaluations of the "
+                       f"{'/'.join(sorted(ranked))} weights and this run evaluates the "
+                       f"{self.weights} ones, which would rank the two together; resume with "
+                       f"--eval_weights={'/'.join(sorted(ranked))}, or move {self.directory} "
+                       "away to keep them")
     return state
 
   @property
@@ -88,7 +97,7 @@ class BestCheckpoints:
       if self.better(value, state["value"], self.delta):
         state["improved_at"] = update
       state.update(value=value, update=update)
-    entry = {"update": update, "value": value, "figures": figures,
+    entry = {"update": update, "value": value, "figures": figures, "weights": self.weights,
              "checkpoint": f"ckpt-{update}"}  # in this folder, wherever the run is moved
     ranked = sorted([e for e in state["kept"] if e["update"] != update] + [entry],
                     key=self._rank)

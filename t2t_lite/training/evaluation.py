@@ -124,7 +124,10 @@ class Evaluator:
 
   def owed(self, update: int) -> bool:
     """Whether `update`, an evaluation's update that the run resumed at, was saved but not
-    evaluated (the process stopped in between)."""
+    evaluated (the process stopped in between; before the first evaluation, best.json
+    does not exist yet)."""
+    if self.best.state is None:
+      return True
     last = self.best.evaluated_at()
     return last is not None and last < update
 
