@@ -1,11 +1,13 @@
 """What a resume that changes the run's settings does: each variable's optimizer state follows
 it by name when frozen_parts change."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import NO_EVAL_FLAGS, TINY_HPARAMS, cli, tiny_hparams
+from conftest import NO_EVAL_FLAGS, REPO, TINY_HPARAMS, cli, tiny_hparams
 from t2t_lite.core.errors import UsageError
 from t2t_lite.runs.checkpoints import StandIn
 from t2t_lite.training import resume
@@ -165,3 +167,48 @@ def test_the_cli_unfreezes_on_resume_and_logs_the_three_counts(multi30k_data, tm
           f"{len(learner.names) - layer0} variables, started fresh for {layer0} newly "
           "trained, dropped for 0 newly frozen") in second.stderr
   assert "trained 5 updates" in second.stdout
+
+
+# --- the table of what a change on resume does -----------------------------------------------
+def test_every_hparam_and_trainer_flag_has_a_row_and_the_docs_show_the_table():
+  from absl import flags
+
+  import t2t_lite.cli.trainer  # noqa: F401  (defines the trainer's flags)
+  from t2t_lite.configs.transformer import basic_params
+  from t2t_lite.runs import resume_changes
+  assert set(resume_changes.HPARAMS) == set(basic_params().values())
+  by_module = flags.FLAGS.flags_by_module_dict()
+  trainer_flags = {flag.name for module in ("t2t_lite.cli.trainer", "t2t_lite.cli.common")
+                   for flag in by_module[module]}
+  assert set(resume_changes.FLAGS) == trainer_flags
+  kinds = {change.kind for table in (resume_changes.HPARAMS, resume_changes.FLAGS)
+           for change in table.values()}
+  assert kinds == {resume_changes.FREE, resume_changes.REPLANNED, resume_changes.REFUSED}
+  with open(os.path.join(REPO, "docs", "resuming.md")) as f:
+    page = f.read()
+  shown = page.split("<!-- resume-changes: begin -->\n")[1].split("<!-- resume-changes: end")[0]
+  assert shown == resume_changes.render()
+
+
+def test_a_refused_change_is_refused_in_one_line_even_when_changes_are_allowed(tmp_path):
+  from test_hparams_read import changed_value, small
+  from t2t_lite.runs import resume_changes, rundir
+  recorded = small()
+  refused = [name for name, change in resume_changes.HPARAMS.items()
+             if change.kind == resume_changes.REFUSED]
+  assert {"hidden_size", "num_heads", "model", "optimizer"} <= set(refused)
+  for name in refused:
+    output_dir = str(tmp_path / name)
+    os.makedirs(output_dir)
+    rundir.write_meta(output_dir, {"hparams_set": "transformer_tiny",
+                                   "hparams": recorded.values()})
+    value = changed_value(recorded, name)
+    with pytest.raises(UsageError) as error:
+      rundir.resolve(None, f"{name}={value}", output_dir, allow_change=True)
+    assert str(error.value).startswith(
+        f"resuming {output_dir} with {name}={value!r} (recorded {getattr(recorded, name)!r}): "
+        f"{resume_changes.HPARAMS[name].what}"), str(error.value)
+  # a free change is taken
+  free = rundir.resolve(None, "label_smoothing=0.2", str(tmp_path / "hidden_size"),
+                        allow_change=True)[0]
+  assert free.label_smoothing == 0.2

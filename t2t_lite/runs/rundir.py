@@ -66,8 +66,21 @@ def resolve(hparams_set: str | None, overrides: str, output_dir: str | None,
       detail = ", ".join(f"{k}={new!r} (recorded {old!r})" for k, (old, new) in changed.items())
       raise UsageError(f"{output_dir} was trained with other values: {detail}; use another "
                        "--output_dir, or pass --allow_hparams_change to accept the change")
+  if previous is not None:
+    _refuse_changes(previous.get("hparams", {}), hparams.values(), output_dir)
   hparams_check.check(hparams)
   return hparams, previous, name
+
+
+def _refuse_changes(recorded: dict, values: dict, output_dir: str) -> None:
+  """A usage error for the first change that a resume refuses even when changes are allowed
+  (runs.resume_changes)."""
+  from t2t_lite.runs import resume_changes
+  for name, value in values.items():
+    if name in recorded and recorded[name] != value:
+      why = resume_changes.refusal(name, recorded[name], value)
+      if why:
+        raise UsageError(f"resuming {output_dir} with {why}")
 
 
 def model_from_run(output_dir: str):

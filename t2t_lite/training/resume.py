@@ -40,8 +40,8 @@ FAILED = -1       # this worker could not restore (its error is raised after the
 ADDED_TO_CHECKPOINTS = ("in_update", "layout")
 # What a checkpoint may lack and still resume: the parts a run has only with some hparams
 # (they keep their initial values), and what later versions added (upgrade fills it in).
-OPTIONAL = ("accumulator", "cooldown_end", "ema", SAMPLED_FROM, TRAIN_SECONDS,
-            *ADDED_TO_CHECKPOINTS)
+OPTIONAL = ("accumulator", "cooldown_end", "ema", "loss_scale", "good_updates", SAMPLED_FROM,
+            TRAIN_SECONDS, *ADDED_TO_CHECKPOINTS)
 
 
 class Resume:
