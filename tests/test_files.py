@@ -1,6 +1,9 @@
 """Atomic writes: synced before and after the rename; temporaries tagged by host and pid."""
 
 import os
+import re
+
+import pytest
 
 from t2t_lite.core import files
 from t2t_lite.data.problems import base
@@ -43,3 +46,36 @@ def test_datagen_leaves_what_a_datagen_on_another_node_is_writing(tmp_path):
   base._remove_stale_temporaries(str(tmp_path), "translate_folder", None)
   assert sorted(os.listdir(tmp_path)) == sorted(name.format(GONE) for name, kept in
                                                 names.items() if kept)
+
+
+@pytest.fixture
+def hostname(monkeypatch):
+  """Sets the name this process reads as its host's (`hostname(name)`); the cached tag is
+  dropped before and after."""
+  def set_name(name):
+    monkeypatch.setattr(files.socket, "gethostname", lambda: name)
+    files._host.cache_clear()
+  yield set_name
+  monkeypatch.undo()
+  files._host.cache_clear()
+
+
+def test_hosts_whose_names_differ_in_punctuation_alone_have_different_tags(hostname):
+  tags = {}
+  for name in ("node-1", "node.1", "node_1", "node1", "", "n\u00f6de-1"):
+    hostname(name)
+    tags[name] = files._host()
+    assert re.fullmatch(files.TAG, f"{tags[name]}-{GONE}") and "-" not in tags[name]
+  assert len(set(tags.values())) == len(tags), tags
+  assert tags["node1"] == "node1"  # letters and digits alone: the name as it is
+  hostname("node.1")
+  assert files._host() == tags["node.1"]  # the same on every call (and every process)
+
+
+def test_a_writer_on_a_host_whose_name_differs_in_punctuation_is_not_stale(hostname):
+  hostname("node.1")
+  theirs = f"{files._host()}-{GONE}"
+  assert files.stale(theirs)  # on its own host, a writer that is gone
+  hostname("node-1")
+  assert not files.stale(theirs)  # its pid means nothing here
+  assert files.stale(f"{files._host()}-{GONE}")

@@ -171,16 +171,16 @@ def test_the_cli_unfreezes_on_resume_and_logs_the_three_counts(multi30k_data, tm
 
 # --- the table of what a change on resume does -----------------------------------------------
 def test_every_hparam_and_trainer_flag_has_a_row_and_the_docs_show_the_table():
-  from absl import flags
+  import re
 
-  import t2t_lite.cli.trainer  # noqa: F401  (defines the trainer's flags)
   from t2t_lite.configs.transformer import basic_params
   from t2t_lite.runs import resume_changes
   assert set(resume_changes.HPARAMS) == set(basic_params().values())
-  by_module = flags.FLAGS.flags_by_module_dict()
-  trainer_flags = {flag.name for module in ("t2t_lite.cli.trainer", "t2t_lite.cli.common")
-                   for flag in by_module[module]}
-  assert set(resume_changes.FLAGS) == trainer_flags
+  text = cli("t2t-lite-trainer", "--helpfull").stdout
+  own = re.split(r"\n(?=\S)", text.split("t2t_lite.cli.common:", 1)[1])[0] + \
+      re.split(r"\n(?=\S)", text.split("t2t_lite.cli.trainer:", 1)[1])[0]
+  trainer_flags = set(re.findall(r"^  --(?:\[no\])?([a-z_0-9]+)", own, re.MULTILINE))
+  assert len(trainer_flags) > 30 and set(resume_changes.FLAGS) == trainer_flags
   kinds = {change.kind for table in (resume_changes.HPARAMS, resume_changes.FLAGS)
            for change in table.values()}
   assert kinds == {resume_changes.FREE, resume_changes.REPLANNED, resume_changes.REFUSED}
@@ -212,3 +212,38 @@ def test_a_refused_change_is_refused_in_one_line_even_when_changes_are_allowed(t
   free = rundir.resolve(None, "label_smoothing=0.2", str(tmp_path / "hidden_size"),
                         allow_change=True)[0]
   assert free.label_smoothing == 0.2
+
+
+# --- a re-planned training stream --------------------------------------------------------------
+def _shift(output_dir) -> int:
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(output_dir))
+  return int(reader.get_tensor("stream_shift/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def test_another_batch_size_reads_on_in_the_same_epoch_at_the_same_fraction(tiny_run, tmp_path):
+  """tiny_run read 8 batches of 512 tokens; at 1024 tokens an epoch has about half as many
+  batches, and the run reads on from the same fraction of epoch 1: batch ceil(8 K' / K)."""
+  import math
+  import shutil
+
+  from t2t_lite.core import registry
+  from t2t_lite.data.stream import Batching, SplitPlan
+  output_dir = str(tmp_path / "run")
+  shutil.copytree(tiny_run["output_dir"], output_dir)
+  lengths = registry.problem("translate_ende_multi30k").training_store(
+      tiny_run["data_dir"], "train").lengths
+  before, after = (SplitPlan(lengths, Batching(size, 64), 7, 0).batches_per_epoch
+                   for size in (512, 1024))
+  target = math.ceil(8 * after / before)
+  assert 2 < target < 8
+  flags = [*(flag for flag in NO_EVAL_FLAGS if not flag.startswith("--hparams=")),
+           f"--output_dir={output_dir}"]
+  moved = cli("t2t-lite-trainer", *flags, "--train_steps=5", "--hparams=batch_size=1024",
+              "--allow_hparams_change", check=True)
+  assert (f"batch_size=1024 (recorded 512) re-planned the training stream: an epoch has "
+          f"{after} batches ({before} before); the run had read 8 of epoch 1's and reads on "
+          f"from its batch {target} (batch {target} of the stream)") in moved.stderr
+  assert _shift(output_dir) == target - 8
+  # the shift is the run's from now on: a later resume on the same values keeps it
+  again = cli("t2t-lite-trainer", *flags, "--train_steps=6", check=True)
+  assert "re-planned" not in again.stderr and _shift(output_dir) == target - 8

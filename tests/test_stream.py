@@ -1,5 +1,8 @@
 """The planned training stream: batches from lengths, read by index, a process its own share."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +14,7 @@ from t2t_lite.data import store as store_lib
 from t2t_lite.data.stream import Batching, SplitPlan, TrainingStream, cut_by_buckets, cut_by_tokens
 
 PROBLEM = registry.problem("translate_ende_multi30k")
+SEED, SPLIT, EPOCH = 12345, 1, 3  # of the plans whose epochs are counted
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +187,83 @@ def test_the_store_is_written_from_the_shards_of_any_vocabulary_size(tmp_path):
   assert batch["inputs"].tolist() == [[2, 1, 0], [5, 70000, 1], [0, 0, 0]]
   assert batch["targets"].tolist() == [[4, 4, 4, 1], [1, 0, 0, 0], [3, 1, 0, 0]]
   assert store_lib.id_dtype(65536) == np.uint16 and store_lib.id_dtype(65537) == np.int32
+
+
+def _counting_plans(monkeypatch, seed, split_number, delay):
+  """The epochs planned from now on by plans of `seed` and `split_number`, in order (each
+  plan of an epoch draws from a generator seeded by (seed, split, epoch)); each one takes
+  `delay` seconds longer, as a large corpus's would."""
+  planned, real = [], np.random.default_rng
+
+  def counting(seed_sequence=None, *args, **kwargs):
+    if isinstance(seed_sequence, list) and seed_sequence[:2] == [seed, split_number]:
+      planned.append(seed_sequence[2])
+      time.sleep(delay)
+    return real(seed_sequence, *args, **kwargs)
+  monkeypatch.setattr(np.random, "default_rng", counting)
+  return planned
+
+
+def _straddled():
+  """(a plan of many examples, the last batch of epoch EPOCH and the first of the next, what
+  plans of their own compute for the two epochs: (examples, batch order) by epoch)."""
+  lengths = np.random.default_rng(0).integers(1, 60, size=(20000, 2))
+  batching = Batching(batch_size=400, max_length=50)
+  expected = {e: SplitPlan(lengths, batching, SEED, SPLIT)._order(e)
+              for e in (EPOCH, EPOCH + 1)}  # each on a plan of its own: nothing cached
+  plan = SplitPlan(lengths, batching, SEED, SPLIT)
+  count = plan.batches_per_epoch
+  return plan, [EPOCH * count + count - 1, (EPOCH + 1) * count], expected
+
+
+def _assert_planned_as(plan, number, expected):
+  examples, batch_order = expected[number // plan.batches_per_epoch]
+  index = int(batch_order[number % plan.batches_per_epoch])
+  np.testing.assert_array_equal(plan.batch(number)[0],
+                                examples[plan.starts[index]:plan.starts[index + 1]])
+
+
+def test_asking_for_two_epochs_in_turn_plans_each_once(monkeypatch):
+  """A micro-step whose replicas straddle the end of an epoch asks for the batches of epochs
+  e and e + 1 in turn: each is planned once, and holds what a plan of its own computes."""
+  plan, straddling, expected = _straddled()
+  planned = _counting_plans(monkeypatch, SEED, SPLIT, delay=0.0)
+  for _ in range(4):
+    for number in straddling:
+      _assert_planned_as(plan, number, expected)
+  assert planned == [EPOCH, EPOCH + 1]
+  held = sum(a.nbytes for e in expected for a in expected[e])
+  fixed = sum(a.nbytes for a in (plan.kept, plan._key, plan.starts, plan.widths))
+  assert plan.nbytes == fixed + held  # the two epochs held
+
+
+def test_two_threads_asking_for_two_epochs_at_once_plan_each_once(monkeypatch):
+  """The training thread and the reader thread both ask for epochs e and e + 1, in turn and
+  at once, while planning an epoch takes a while: each is planned once, by one of them."""
+  plan, straddling, expected = _straddled()
+  planned = _counting_plans(monkeypatch, SEED, SPLIT, delay=0.05)
+  start, found, failed = threading.Barrier(2), [], []
+
+  def ask(numbers):
+    try:
+      start.wait()
+      for _ in range(6):
+        for number in numbers:
+          found.append((number // plan.batches_per_epoch, plan._order(
+              number // plan.batches_per_epoch)))
+    except BaseException as err:  # noqa: BLE001  (reported below)
+      failed.append(err)
+  threads = [threading.Thread(target=ask, args=(order,))
+             for order in (straddling, straddling[::-1])]  # (both epochs at once)
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not failed, failed
+  assert sorted(planned) == [EPOCH, EPOCH + 1], planned
+  assert len(found) == 24
+  for epoch, order in found:
+    for got, want in zip(order, expected[epoch]):
+      np.testing.assert_array_equal(got, want)
+  for number in straddling:
+    _assert_planned_as(plan, number, expected)

@@ -74,6 +74,7 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data, 
   resumed = cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--output_dir={copy}",
                 "--train_steps=5", check=True)
   assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
+  assert "--xla_compile re-planned the training stream: an epoch has" in resumed.stderr
   assert "update 5/5 (micro-step 10)" in resumed.stderr
   assert "trained 5 updates (10 micro-steps)" in resumed.stdout
 
@@ -93,6 +94,7 @@ def test_xla_compile_continues_a_run(tiny_run, tmp_path):
                 "--train_steps=5", "--xla_compile", "--allow_stream_change", check=True)
   assert "XLA: forward and backward pass compiled once per batch shape" in resumed.stdout
   assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
+  assert "--xla_compile re-planned the training stream: an epoch has" in resumed.stderr
   loss = lambda stderr, at: float(next(  # noqa: E731
       line for line in stderr.splitlines() if f"update {at} (micro-step" in line
   ).split("loss ")[1].split(",")[0])

@@ -8,12 +8,16 @@ read. What was averaged, and which weights, is recorded in averaged.json.
 It never touches its inputs: an --avg_dir equal to, inside or containing --output_dir is
 refused; the average is written into a temporary directory beside --avg_dir and renamed
 into place, so a failed or killed run leaves the old --avg_dir (or none) as it was. A run
-still training may delete its oldest checkpoints while they are read: the averaging then
-starts again with the newest ones.
+still training may delete checkpoints while they are read: its oldest ones, or with --best
+one it evicts from best.json (rewritten first, the files deleted after). A checkpoint whose
+files vanished and that is no longer listed means starting again with the ones listed now
+(a few times at most); one still listed is named, to be restored.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import os
 import re
@@ -87,11 +91,6 @@ def _best_checkpoints(output_dir: str, count: int | None) -> list[str]:
     raise UsageError(f"{output_dir}/best keeps no checkpoints (trained with "
                      "--keep_best_checkpoints=0); average the last ones instead (drop --best)")
   paths = kept[:count] if count else kept
-  missing = [p for p in paths if not os.path.isfile(p + ".index")]
-  if missing:
-    raise UsageError(f"{output_dir}/best/best.json lists {os.path.basename(missing[0])}, which "
-                     f"is not there ({missing[0]}.index); restore the folder, or average the "
-                     "last checkpoints (drop --best)")
   return sorted(paths, key=lambda p: int(p.rsplit("-", 1)[1]))
 
 
@@ -103,24 +102,66 @@ def _paths(output_dir: str, num_last: int, best_of: int | None) -> list[str]:
   return list(reversed(newest_first(output_dir)[:num_last]))
 
 
+def _missing_file(path: str) -> str | None:
+  """A file of checkpoint `path` that is not there (its .index or a shard of its data), or
+  None when all of them are."""
+  if not os.path.isfile(path + ".index"):
+    return path + ".index"
+  shards = glob.glob(glob.escape(path) + ".data-*-of-*")
+  count = int(shards[0].rsplit("-of-", 1)[1]) if shards else 1
+  return next((name for name in (f"{path}.data-{i:05d}-of-{count:05d}" for i in range(count))
+               if not os.path.isfile(name)), None)
+
+
+def _not_whole(output_dir: str, best_of: int | None, path: str, missing: str) -> UsageError:
+  """The error for checkpoint `path`, still listed, whose file `missing` is not there."""
+  if best_of is not None:
+    return UsageError(f"{output_dir}/best/best.json lists {os.path.basename(path)}, which is "
+                      f"not there ({missing}); restore the folder, or average the last "
+                      "checkpoints (drop --best)")
+  return UsageError(f"checkpoint {path} is not whole ({missing} is not there); restore it, or "
+                    f"move {path}.index away to average the checkpoints before it")
+
+
+def _sum_of(model, paths: list[str], weights: str) -> tuple[list, set[str], int]:
+  """The sums of the checkpoints' `weights` (float64, by variable of `model`), the weights
+  read and the update of the newest (the last of `paths`); FileNotFoundError for a file of
+  one of them that is not there."""
+  for path in paths:
+    missing = _missing_file(path)
+    if missing:
+      raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), missing)
+  sums, read = None, set()
+  for path in paths:
+    read.add(_read_weights(model, path, weights))
+    values = [v.numpy().astype("float64") for v in model.variables]
+    sums = values if sums is None else [s + v for s, v in zip(sums, values)]
+  return sums, read, _update_of(paths[-1])
+
+
 def _mean_of(tf, model, output_dir: str, num_last: int, best_of: int | None,
-             weights: str) -> tuple[list[str], str]:
+             weights: str) -> tuple[list[str], str, int]:
   """Assigns to `model` the mean of the chosen checkpoints' `weights` (see
-  translator.restore); their paths and the weights read ("ema" or "raw")."""
-  for attempt in range(ATTEMPTS):
+  translator.restore); their paths, the weights read ("ema" or "raw") and the update of the
+  newest."""
+  for _ in range(ATTEMPTS):
     paths = _paths(output_dir, num_last, best_of)
     if not paths:
       raise UsageError(f"no checkpoints in {output_dir}")
-    sums, read = None, set()
     try:
-      for path in paths:
-        read.add(_read_weights(model, path, weights))
-        values = [v.numpy().astype("float64") for v in model.variables]
-        sums = values if sums is None else [s + v for s, v in zip(sums, values)]
-    except (tf.errors.NotFoundError, tf.errors.DataLossError) as err:
-      # The trainer rotated a checkpoint away while it was read: take the newest again.
+      sums, read, update = _sum_of(model, paths, weights)
+    except (tf.errors.OpError, OSError, ValueError) as err:
+      gone = [(path, missing) for path in paths if (missing := _missing_file(path))]
+      if not gone:
+        raise
+      # Deleted by the run since they were listed (rotated away, or evicted from best.json,
+      # which is rewritten first) when they are no longer listed: take the ones listed now.
+      listed = _paths(output_dir, num_last, best_of)
+      still = [(path, missing) for path, missing in gone if path in listed]
+      if still:
+        raise _not_whole(output_dir, best_of, *still[0]) from None
       logging.warning("checkpoint %s vanished while being read (%s); starting again",
-                      path, str(err).splitlines()[0][:120])
+                      gone[0][0], str(err).splitlines()[0][:120])
       continue
     if len(read) > 1:
       raise UsageError(f"of the checkpoints {', '.join(os.path.basename(p) for p in paths)}, "
@@ -128,7 +169,7 @@ def _mean_of(tf, model, output_dir: str, num_last: int, best_of: int | None,
                        "--weights=raw")
     for variable, total in zip(model.variables, sums):
       variable.assign((total / len(paths)).astype("float32"))
-    return paths, read.pop()
+    return paths, read.pop(), update
   raise RunError(f"the checkpoints of {output_dir} changed {ATTEMPTS} times while being "
                  "read; try again, or average a copy of the run")
 
@@ -153,11 +194,11 @@ def average(output_dir: str, num_last: int, avg_dir: str, best_of: int | None = 
   tf = common.import_tensorflow()
   hparams, meta = rundir.model_from_run(output_dir)
   model = registry.model(hparams.model)(hparams, meta["vocab_size"])
-  paths, read = _mean_of(tf, model, output_dir, num_last, best_of, weights)
+  paths, read, newest_update = _mean_of(tf, model, output_dir, num_last, best_of, weights)
   # An earlier average is swapped out (or moved aside) only once the new one is complete.
   # The update of the newest checkpoint averaged, kept in the average (translate-all plots
   # it there); its micro-batch count N would be a wrong update with replicas or accumulation.
-  update = tf.Variable(_update_of(paths[-1]), dtype=tf.int64)
+  update = tf.Variable(newest_update, dtype=tf.int64)
   with files.atomic_directory(os.path.realpath(avg_dir)) as tmp:
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, update_step=update),
                                          tmp, max_to_keep=1)

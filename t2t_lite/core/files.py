@@ -4,7 +4,9 @@ synced, then renamed; and the check that an output does not overlap an input.
 Temporary names carry their writer's tag, `<host>-<pid>`: on a shared filesystem a writer
 on another node is never taken for a stopped one (its pid means nothing here), so only
 temporaries of this host's processes that are gone are ever removed (`stale`). Names of
-earlier versions carry the pid alone and are judged as this host's.
+earlier versions carry the pid alone and are judged as this host's; those that carry the
+host without the hash `_host` now adds to a name with punctuation are left, as another
+host's.
 """
 
 from __future__ import annotations
@@ -13,19 +15,29 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import os
 import re
 import shutil
 import socket
 import tempfile
 
-# A writer's tag in a name: the host (letters, digits and _) and the pid, or the pid alone.
+# A writer's tag in a name: the host (letters, digits and _: see _host) and the pid, or the
+# pid alone.
 TAG = r"(?:[A-Za-z0-9_]+-)?\d+"
 
 
 @functools.cache
 def _host() -> str:
-  return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+  """This host's part of a writer's tag: its name where that is letters and digits alone (at
+  most 63), else the name with every other character as `_` (cut to 63), `_` and 12 hex
+  digits of the name's sha256, so that hosts whose names differ in punctuation alone
+  (`node-1`, `node.1`, `node_1`) get different tags."""
+  name = socket.gethostname()
+  if re.fullmatch(r"[A-Za-z0-9]{1,63}", name):
+    return name
+  digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+  return f"{re.sub(r'[^A-Za-z0-9]', '_', name)[:63] or 'host'}_{digest}"
 
 
 def writer_tag() -> str:

@@ -30,6 +30,7 @@ what recipes were tuned with.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,8 +92,13 @@ def cut_by_buckets(longest: np.ndarray, batching: Batching) -> tuple[np.ndarray,
 
 class SplitPlan:
   """The batches of one split's epochs (see the module docstring), planned from `lengths`
-  [n, 2] (source, target). Holds the kept indices, their sort keys and one epoch's order
-  (4 bytes an example each)."""
+  [n, 2] (source, target). Holds the kept indices, their sort keys and the order of the two
+  epochs asked for last (4 bytes an example each): the training thread and the reader
+  thread may ask for both at once, when one micro-step's replicas straddle the end of an
+  epoch. Each epoch is planned once while it is held, by the first thread to ask; the others
+  wait for it."""
+
+  EPOCHS_HELD = 2
 
   def __init__(self, lengths: np.ndarray, batching: Batching, seed: int, split_number: int):
     self.batching, self.seed, self.split_number = batching, seed, split_number
@@ -113,7 +119,9 @@ class SplitPlan:
     else:
       self.starts = cut_by_tokens(sorted_longest, batching.batch_size)
       self.widths = np.zeros(self.batches_per_epoch, np.int32)
-    self._epoch = None  # (number, examples in sorted order, batch order)
+    # epoch -> Future of (examples in sorted order, batch order); the last asked for, last
+    self._epochs: dict[int, concurrent.futures.Future] = {}
+    self._lock = threading.Lock()
 
   @property
   def batches_per_epoch(self) -> int:
@@ -121,20 +129,41 @@ class SplitPlan:
 
   @property
   def nbytes(self) -> int:
-    """The memory the plan holds: its indices and sort keys, and one epoch's order."""
-    arrays = [self.kept, self._key, self.starts, self.widths,
-              *(self._epoch[1:] if self._epoch else ())]
+    """The memory the plan holds: its indices and sort keys, and the epochs' orders it
+    holds."""
+    with self._lock:
+      held = [future.result() for future in self._epochs.values()
+              if future.done() and not future.exception()]
+    arrays = [self.kept, self._key, self.starts, self.widths, *(a for order in held for a in order)]
     return sum(array.nbytes for array in arrays)
 
+  def _plan_epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the kept examples of `epoch` in sorted order, the order of its batches)."""
+    rng = np.random.default_rng([self.seed, self.split_number, epoch])
+    shuffled = rng.permutation(len(self.kept)).astype(np.int32)
+    examples = self.kept[shuffled[np.argsort(self._key[shuffled], kind="stable")]]
+    return examples, rng.permutation(self.batches_per_epoch).astype(np.int32)
+
   def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    cached = self._epoch  # (one read: another thread may replace it meanwhile)
-    if cached is None or cached[0] != epoch:
-      rng = np.random.default_rng([self.seed, self.split_number, epoch])
-      shuffled = rng.permutation(len(self.kept)).astype(np.int32)
-      examples = self.kept[shuffled[np.argsort(self._key[shuffled], kind="stable")]]
-      cached = self._epoch = (epoch, examples,
-                              rng.permutation(self.batches_per_epoch).astype(np.int32))
-    return cached[1], cached[2]
+    """`_plan_epoch(epoch)`, planned once while it is among the EPOCHS_HELD asked for last."""
+    with self._lock:
+      future = self._epochs.pop(epoch, None)
+      planning = future is None
+      if planning:
+        future = concurrent.futures.Future()
+      self._epochs[epoch] = future  # (moved to the end: the oldest asked for goes first)
+      while len(self._epochs) > self.EPOCHS_HELD:
+        del self._epochs[next(iter(self._epochs))]
+    if planning:  # outside the lock: a thread that asks for the other epoch does not wait
+      try:
+        future.set_result(self._plan_epoch(epoch))
+      except BaseException as err:
+        future.set_exception(err)
+        with self._lock:  # asked for again, it is planned again
+          if self._epochs.get(epoch) is future:
+            del self._epochs[epoch]
+        raise
+    return future.result()
 
   def batch(self, number: int) -> tuple[np.ndarray, int]:
     """(the example indices of batch `number` of the stream, the length to pad them to; 0:
@@ -148,9 +177,10 @@ class SplitPlan:
 
 class TrainingStream:
   """The micro-batches of this process's replicas: micro-step m of replica r trains on batch
-  m x replicas + r of the stream. With two splits (the one best, then the sampled
-  segmentations), batches before `sampled_from` come from the first split and the others
-  from the second, counted from there. Reads one micro-step ahead in a thread."""
+  m x replicas + r of the stream (+ `shift`, see read_from). With two splits (the one best,
+  then the sampled segmentations), batches before `sampled_from` come from the first split
+  and the others from the second, counted from there. Reads one micro-step ahead in a
+  thread."""
 
   def __init__(self, stores: list[ExampleStore], batching: Batching, seed: int,
                replicas: int, local_replicas: list[int], split_numbers: list[int] | None = None):
@@ -159,15 +189,26 @@ class TrainingStream:
     self.plans = [SplitPlan(store.lengths, batching, seed, number) for store, number in
                   zip(stores, split_numbers or range(len(stores)), strict=True)]
     self.replicas, self.local_replicas = replicas, local_replicas
+    # batches between where the micro-step counter points and where the run reads: not 0
+    # once a resume re-planned the stream (training.resume.replan_stream)
+    self.shift = 0
     self.examples_read = self.batches_read = 0  # this process's, since it started
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="t2t-lite-input")
     self._ahead = None  # (keys, future) of the next micro-step's batches
+
+  def read_from(self, shift: int) -> None:
+    """Micro-step m of replica r reads batch m x replicas + r + `shift` from here on (a
+    re-planned stream; one of a single split)."""
+    if shift and len(self.plans) > 1:
+      raise ValueError("only a stream of one split is read with a shift")
+    self.shift = shift
+    self._ahead = None
 
   def _keys(self, micro_step: int, sampled_from: int) -> tuple[tuple[int, int], ...]:
     """(split, batch of that split) of each local replica's batch at `micro_step`."""
     keys = []
     for replica in self.local_replicas:
-      number = micro_step * self.replicas + replica
+      number = micro_step * self.replicas + replica + self.shift
       if len(self.stores) > 1 and 0 <= sampled_from <= number:
         keys.append((1, number - sampled_from))
       else:

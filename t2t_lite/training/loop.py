@@ -44,7 +44,7 @@ from t2t_lite.training.options import RunOptions
 from t2t_lite.core.errors import RunError, UsageError
 from t2t_lite.training.evaluation import ChiefEvaluations, Evaluator
 from t2t_lite.training.learner import Learner
-from t2t_lite.training.resume import Resume
+from t2t_lite.training.resume import STREAM_SHIFT, Resume, recorded_batching, replan_stream
 from t2t_lite.training.milestones import Milestones, training_splits
 from t2t_lite.training.steps import RunSteps
 from t2t_lite.data.stream import Batching
@@ -80,6 +80,8 @@ class Trainer:
       self.train_seconds = tf.Variable(0.0, name=TRAIN_SECONDS, dtype=tf.float64,
                                        trainable=False,
                                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self.stream_shift = tf.Variable(0, name=STREAM_SHIFT, dtype=tf.int64, trainable=False,
+                                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.checkpoints = self._make_checkpoints()
     self.resume = Resume(self.checkpoints, self.learner, run_steps, self.start.record,
                          tuple(rundir.shape_differences(self.start.record, hparams,
@@ -120,7 +122,8 @@ class Trainer:
     part in every save (reading the accumulators is a collective), which only the chief
     keeps. The accumulators exist only for n > 1; what later versions added may be missing
     from an older checkpoint, and training.resume fills it in."""
-    objects = {TRAIN_SECONDS: self.train_seconds, **self.milestones.trackables(),
+    objects = {TRAIN_SECONDS: self.train_seconds, STREAM_SHIFT: self.stream_shift,
+               **self.milestones.trackables(),
                **self.learner.trackables(),
                **(self.corpora.trackables() if self.corpora else {})}
     return Checkpoints(objects, self.options.output_dir, self.options.checkpointing,
@@ -172,6 +175,11 @@ class Trainer:
     if options.warm_start_from:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
                       "a new run only", self.checkpoints.directory)
+    recorded = recorded_batching(self.start.record, self.options.xla_compile)
+    shift = replan_stream(self.stream, recorded, self.learner, self.run_steps.replicas,
+                          int(self.stream_shift.numpy()), path)
+    self.stream_shift.assign(shift)
+    self.stream.read_from(shift)
     return True
 
   def save(self) -> str:

@@ -40,8 +40,11 @@ FAILED = -1       # this worker could not restore (its error is raised after the
 ADDED_TO_CHECKPOINTS = ("in_update", "layout")
 # What a checkpoint may lack and still resume: the parts a run has only with some hparams
 # (they keep their initial values), and what later versions added (upgrade fills it in).
+# Batches of the training stream between where the micro-step counter points and where the
+# run reads: not 0 once a resume re-planned the stream (see replan_stream).
+STREAM_SHIFT = "stream_shift"
 OPTIONAL = ("accumulator", "cooldown_end", "ema", "loss_scale", "good_updates", SAMPLED_FROM,
-            TRAIN_SECONDS, *ADDED_TO_CHECKPOINTS)
+            TRAIN_SECONDS, STREAM_SHIFT, *ADDED_TO_CHECKPOINTS)
 
 
 class Resume:
@@ -81,7 +84,8 @@ class Resume:
     learner.forget_host_counters()
     upgrade(learner, self.lacks, self.record, path)
     take_per_variable(learner, self.per_variable, path, self._recorded("frozen_parts"))
-    move_layout(learner, self.run_steps, path, self.allow_hparams_change)
+    move_layout(learner, self.run_steps, path, self.allow_hparams_change,
+                self._recorded("batch_size"))
     logging.info("resumed from %s: update %d, micro-step %d", path,
                  int(learner.update_step.numpy()), int(learner.micro_step.numpy()))
     return path
@@ -265,15 +269,82 @@ def upgrade(learner, lacks: set[str], meta: dict | None, path: str) -> None:
     learner.take_layout(1, steps)  # (the Learner's methods re-read its host counters)
 
 
+def _plan_changes(recorded, batching) -> str:
+  """What of data.stream.Batching `recorded` differs in `batching` as it shapes the training
+  batches ("" if nothing): the bucket hparams matter only where batches are padded to their
+  bucket (--xla_compile)."""
+  names = ["batch_size", "max_length"]
+  if recorded.pad_to_bucket_boundary or batching.pad_to_bucket_boundary:
+    names += ["min_length_bucket", "length_bucket_step"]
+  changed = [f"{name}={getattr(batching, name)} (recorded {getattr(recorded, name)})"
+             for name in names if getattr(batching, name) != getattr(recorded, name)]
+  if recorded.pad_to_bucket_boundary != batching.pad_to_bucket_boundary:
+    changed.append("--xla_compile" if batching.pad_to_bucket_boundary else "no --xla_compile")
+  return ", ".join(changed)
+
+
+def recorded_batching(record: dict | None, pad_to_bucket_boundary: bool):
+  """The data.stream.Batching the run's record (hparams.json) says its training batches were
+  cut by; None without a record. (A record from before --xla_compile was recorded: cut as
+  `pad_to_bucket_boundary` says now.)"""
+  hparams = (record or {}).get("hparams")
+  if not hparams:
+    return None
+  from t2t_lite.data.stream import Batching
+  defaults = Batching(0, 0)
+  return Batching(hparams["batch_size"], hparams["max_length"],
+                  hparams.get("min_length_bucket", defaults.min_length_bucket),
+                  hparams.get("length_bucket_step", defaults.length_bucket_step),
+                  bool(record.get("xla_compile", pad_to_bucket_boundary)))
+
+
+def replan_stream(stream, recorded, learner, replicas: int, shift: int, path: str) -> int:
+  """The stream's shift (STREAM_SHIFT) after restoring `path`, a checkpoint of a run whose
+  training batches were cut by `recorded` (a data.stream.Batching; None: not recorded) and
+  are now cut by `stream`'s (batch_size, max_length or the buckets changed): the run goes on
+  in the same epoch at the same fraction of its batches (docs/resuming.md). Refused
+  mid-update and on a stream of several splits."""
+  batching = stream.plans[0].batching
+  if recorded is None:
+    return shift
+  changed = _plan_changes(recorded, batching)
+  if not changed:
+    return shift
+  if len(stream.plans) > 1:
+    raise UsageError(f"resuming {path} with {changed} would re-plan a training stream of "
+                     "several corpora or sampled segmentations, which this version does not "
+                     "do; resume with the recorded values")
+  position = learner.position()
+  if position:
+    update = int(learner.update_step.numpy()) + 1
+    raise UsageError(f"checkpoint {path} was written mid-update ({position} micro-steps of "
+                     f"update {update}); resume it with the recorded values and "
+                     f"--train_steps={update} to finish that update, then change {changed}")
+  from t2t_lite.data.stream import SplitPlan
+  before = SplitPlan(stream.stores[0].lengths, recorded, stream.seed, 0).batches_per_epoch
+  after = stream.plans[0].batches_per_epoch
+  counted = int(learner.micro_step.numpy()) * replicas
+  done = counted + shift
+  epoch, within = divmod(done, before)
+  target = epoch * after - (-within * after // before)  # ceil(within x after / before)
+  logging.info("%s re-planned the training stream: an epoch has %d batches (%d before); the "
+               "run had read %d of epoch %d's and reads on from its batch %d (batch %d of the "
+               "stream)", changed, after, before, within, epoch + 1, target - epoch * after,
+               target)
+  return target - counted
+
+
 def describe(replicas: int, steps: int) -> str:
   return (f"{replicas} replica{'s' if replicas > 1 else ''} x {steps} micro-step"
           f"{'s' if steps > 1 else ''} per update")
 
 
-def move_layout(learner, run_steps, path: str, allow_change: bool) -> None:
+def move_layout(learner, run_steps, path: str, allow_change: bool,
+                batch_size_then: int | None = None) -> None:
   """Moves the restored checkpoint `path` to `run_steps`'s layout, or refuses it: mid-update, at
   other tokens per update (unless `allow_change`), or at a micro-batch the new replicas
-  cannot continue evenly."""
+  cannot continue evenly. `batch_size_then`: the batch_size the run recorded (default: this
+  run's)."""
   old_replicas, old_steps = (int(x) for x in learner.layout.numpy())
   steps = learner.accumulate_steps()
   if (old_replicas, old_steps) == (run_steps.replicas, steps):
@@ -287,10 +358,11 @@ def move_layout(learner, run_steps, path: str, allow_change: bool) -> None:
         f"of update {update + 1}) and cannot resume on another layout ({layouts}); resume "
         f"it on its own layout with --train_steps={update + 1} to reach the end of that "
         "update, then move")
+  batch_size_then = batch_size_then or run_steps.batch_size
   if old_replicas * old_steps != run_steps.replicas * steps and not allow_change:
     raise UsageError(
         f"resuming {path} on {layouts} changes the tokens per update from "
-        f"{old_replicas * old_steps * run_steps.batch_size} to "
+        f"{old_replicas * old_steps * batch_size_then} to "
         f"{run_steps.replicas * steps * run_steps.batch_size}; "
         f"{hint(learner.schedule, run_steps.replicas, old_replicas, old_steps, update)}")
   batches = int(learner.micro_step.numpy()) * old_replicas
