@@ -74,7 +74,6 @@ def test_cli_trains_checkpoints_summarises_and_resumes(tiny_run, multi30k_data, 
   resumed = cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--output_dir={copy}",
                 "--train_steps=5", check=True)
   assert "resumed from" in resumed.stderr and "update 4, micro-step 8" in resumed.stderr
-  assert "--xla_compile re-planned the training stream: an epoch has" in resumed.stderr
   assert "update 5/5 (micro-step 10)" in resumed.stderr
   assert "trained 5 updates (10 micro-steps)" in resumed.stdout
 

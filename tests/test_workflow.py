@@ -73,7 +73,7 @@ def test_early_stopping_stops_keeps_the_best_and_resumes_stopped(multi30k_data, 
      "--eval_early_stopping_metric_delta is read only with --eval_early_stopping_steps > 0"),
     (["--keep_best_checkpoints=3", "--local_eval_frequency=0"],
      "--keep_best_checkpoints is read only with evaluations"),
-    (["--eval_metrics=dev_loss,bleu"], "--eval_metrics: unknown metric 'bleu'; known: "
+    (["--eval_metrics=dev_loss,blue"], "--eval_metrics: unknown metric 'blue'; known: "
      "dev_loss, dev_perplexity, dev_bleu, dev_chrf, dev_chrfpp, dev_ter"),
     (["--eval_metrics=dev_loss,dev_chrf", "--eval_bleu_sentences=0"],
      "--eval_metrics: dev_chrf decodes dev sentences, and --eval_bleu_sentences=0 decodes "
@@ -85,7 +85,8 @@ def test_early_stopping_stops_keeps_the_best_and_resumes_stopped(multi30k_data, 
     (["--eval_early_stopping_steps=5", "--eval_early_stopping_metric=dev_bleu",
       "--eval_bleu_sentences=0"], "--eval_early_stopping_metric=dev_bleu is not among "
      "--eval_metrics=dev_loss,dev_perplexity"),
-    (["--eval_early_stopping_metric=bleu"], "--eval_early_stopping_metric"),
+    (["--eval_early_stopping_metric=blue"], "--eval_early_stopping_metric=blue: choose one of "
+     "dev_loss"),
 ])
 def test_early_stopping_usage_errors(args, message, tmp_path):
   result = cli("t2t-lite-trainer", "--output_dir=" + str(tmp_path / "run"), *args)
