@@ -87,9 +87,17 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(ours[name].numpy(), theirs[name].numpy(), err_msg=name)
 
 
-def test_gradual_unfreezing_carries_each_variables_state_and_equals_a_reference(tmp_path):
-  first = _trained("decoder.0")
-  path = tf.train.Checkpoint(**first.trackables()).write(str(tmp_path / "ckpt-4"))
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+  """2 updates (n = 2) with decoder layer 0 frozen, and their checkpoint."""
+  learner = _trained("decoder.0")
+  path = tf.train.Checkpoint(**learner.trackables()).write(
+      str(tmp_path_factory.mktemp("first") / "ckpt-4"))
+  return learner, path
+
+
+def test_gradual_unfreezing_carries_each_variables_state_and_equals_a_reference(first):
+  first, path = first
   learner, per_variable = _resumed(path, "", "decoder.0")
   layer0 = [n for n in learner.names if n.startswith("decoder/0/")]
   assert per_variable.fresh == layer0 and len(layer0) > 5 and not per_variable.dropped
@@ -107,24 +115,23 @@ def test_gradual_unfreezing_carries_each_variables_state_and_equals_a_reference(
   assert all(np.abs(learner.adam.m_of[n].numpy()).max() > 0 for n in layer0)
 
 
-def test_freezing_more_drops_the_state_of_the_newly_frozen(tmp_path):
-  first = _trained("", steps=1)
-  path = tf.train.Checkpoint(**first.trackables()).write(str(tmp_path / "ckpt-2"))
-  learner, per_variable = _resumed(path, "encoder", "", steps=1)
-  assert not per_variable.fresh and len(per_variable.dropped) == len(
-      [n for n in first.names if n.startswith(("encoder/", "encoder_norm/"))]) > 5
-  reference = _by_hand(path, "encoder", steps=1)
-  _assert_same(learner, reference)
-  for i in range(2, 4):
-    assert learner.step(_batch(i)) is not None and reference.step(_batch(i)) is not None
-  _assert_same(learner, reference)
+def test_freezing_more_drops_the_state_of_the_newly_frozen(first):
+  first, path = first
+  learner, per_variable = _resumed(path, "decoder.0;encoder", "decoder.0")
+  encoder = [n for n in first.names if n.startswith(("encoder/", "encoder_norm/"))]
+  assert not per_variable.fresh and per_variable.dropped == sorted(encoder) and len(encoder) > 5
+  assert per_variable.carried == learner.names == [n for n in first.names if n not in encoder]
+  _assert_same(learner, _by_hand(path, "decoder.0;encoder"))
+  for i in range(4, 6):
+    stats = learner.step(_batch(i))
+  assert stats is not None and int(learner.update_step.numpy()) == 3
 
 
 def test_an_earlier_versions_lists_are_read_in_the_order_of_the_parts_they_were_written_with(
-    tmp_path):
+    first, tmp_path):
   """Before the state was kept by name, a checkpoint held lists over the variables that
   trained then; resumed with other frozen parts, each entry still reaches its variable."""
-  first = _trained("decoder.0")
+  first, named = first
   objects = dict(first.trackables())
   objects["optimizer"] = StandIn({"iterations": first.adam.iterations, "m": first.adam.m,
                                   "v": first.adam.v})
@@ -133,12 +140,11 @@ def test_an_earlier_versions_lists_are_read_in_the_order_of_the_parts_they_were_
                                     "tokens": first.accumulator.tokens})
   objects["ema"] = StandIn({"averages": first.average.averages,
                             "weight": first.average.weight})
-  path = tf.train.Checkpoint(**objects).write(str(tmp_path / "ckpt-6"))
+  path = tf.train.Checkpoint(**objects).write(str(tmp_path / "ckpt-4"))
   assert not any("m_of" in key for key, _ in tf.train.list_variables(path))
   learner, per_variable = _resumed(path, "", "decoder.0")
   assert not per_variable.by_name and len(per_variable.fresh) > 5
-  by_name, _ = _resumed(tf.train.Checkpoint(**first.trackables()).write(
-      str(tmp_path / "named" / "ckpt-6")), "", "decoder.0")
+  by_name, _ = _resumed(named, "", "decoder.0")
   _assert_same(learner, by_name)
 
 

@@ -113,6 +113,33 @@ class Window(tf.Module):
 WINDOW_FIELDS = (*Window.COUNTS, *Window.SUMS, "padding", "slots", "updates_done", "micro_step")
 
 
+def _any_shape(spec):
+  """`spec` (of a tensor, or of a tf.distribute per-replica value) with every dimension
+  unknown."""
+  parts = [tf.TensorSpec([None] * part.shape.rank, part.dtype)
+           for part in tf.nest.flatten(spec, expand_composites=True)]
+  return parts[0] if isinstance(spec, tf.TensorSpec) else type(spec)(*parts)
+
+
+class OneTrace:
+  """A compiled step over batches of any shape, traced once. Under a distribution strategy
+  a batch is a per-replica value, whose input signature cannot be written before one
+  exists: it is taken from the first batch, every dimension unknown. (Without it, the
+  second batch shape traced the step again: about 4 s of a 2-replica run's start on a
+  2-core CPU.)"""
+
+  def __init__(self, fn, *more_specs):
+    self.fn, self.more_specs, self.compiled = fn, list(more_specs), None
+
+  def __call__(self, batch, *more):
+    if self.compiled is None:
+      specs = tf.nest.map_structure(tf.type_spec_from_value, batch)
+      self.compiled = tf.function(
+          self.fn, input_signature=[tf.nest.map_structure(_any_shape, specs), *self.more_specs],
+          autograph=False)
+    return self.compiled(batch, *more)
+
+
 class Learner:
   """Holds the trainable state and runs micro-steps and updates."""
 
@@ -190,21 +217,22 @@ class Learner:
 
   def _compile(self, xla_compile: bool) -> None:
     """The compiled steps."""
-    # Per-replica inputs are DistributedValues, which a TensorSpec signature cannot take.
     # No autograph: the steps branch on tensors only through explicit tf.cond, and
     # converting every layer's Python source took most of a small model's first trace.
     # `flags` [stop, save] of this process ride in the update's cross-replica sum (the
     # multi-worker stop agreement); the sum lands in window.agreed.
-    signature = None if self.replicas > 1 else [BATCH_SPEC]
-    compile_fn = lambda fn, signature: tf.function(  # noqa: E731
-        fn, input_signature=signature, reduce_retracing=True, autograph=False)
     self._loss_gradients = (
         tf.function(self._loss_gradients_of, jit_compile=True, autograph=False)
         if xla_compile else self._loss_gradients_of)
-    self.micro_step_fn = compile_fn(self._distributed_micro_step, signature)
-    self.fused_step_fn = compile_fn(self._distributed_fused_step,
-                                    signature and [BATCH_SPEC, FLAGS_SPEC])
-    self.update_fn = compile_fn(self._update, [FLAGS_SPEC])
+    if self.replicas > 1:  # traced once, at the first batch (see OneTrace)
+      self.micro_step_fn = OneTrace(self._distributed_micro_step)
+      self.fused_step_fn = OneTrace(self._distributed_fused_step, FLAGS_SPEC)
+    else:
+      compile_fn = lambda fn, signature: tf.function(  # noqa: E731
+          fn, input_signature=signature, autograph=False)
+      self.micro_step_fn = compile_fn(self._distributed_micro_step, [BATCH_SPEC])
+      self.fused_step_fn = compile_fn(self._distributed_fused_step, [BATCH_SPEC, FLAGS_SPEC])
+    self.update_fn = tf.function(self._update, input_signature=[FLAGS_SPEC], autograph=False)
     self.take_window_fn = tf.function(self._take_window, autograph=False)
     self.eval_fn = tf.function(self._eval_loss, input_signature=[BATCH_SPEC], autograph=False)
 
