@@ -326,7 +326,8 @@ def test_decode_hparams_batch_size_counts_sentences_as_in_tensor2tensor():
     def __init__(self):
       self.batches = []
 
-    def translate_nbest(self, sources, beam_size, alpha, batch_size, use_cache, batch_tokens):
+    def translate_nbest(self, sources, beam_size, alpha, batch_size, use_cache, batch_tokens,
+                        sampling=None):
       from t2t_lite.inference.batches import decode_batches
       self.batches = decode_batches(sources, 256, batch_size, batch_tokens)
       return [[(list(ids[:-1]), 0.0)] for ids in sources]

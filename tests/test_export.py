@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import BIN, cli, popen, multi30k_dir, tiny_hparams, vocab_path
-from t2t_lite.inference import export, metrics
+from t2t_lite.inference import decode, export, metrics, translator
 from t2t_lite.core import registry
 from t2t_lite.runs import rundir
 from t2t_lite.inference.export import ctranslate2_decoder, ctranslate2_model
@@ -433,3 +433,27 @@ def test_the_export_record_names_the_checkpoint_exported(tiny_run, tmp_path, mon
     info = json.load(f)
   assert [os.path.basename(a) for a in answers] == ["ckpt-8"]
   assert info["checkpoint"] == os.path.abspath(answers[0])
+
+
+def test_ctranslate2_samples_with_the_same_options(exported, source, tiny_run):
+  """sampling_method=random through --engine=ctranslate2: its own sampler, seeded (a rerun
+  draws the same), top-k 1 is its greedy output, other seeds other draws; the draws stay in
+  the top-k set (checked through ours: each drawn token among the 3 likeliest)."""
+  vocab = SubwordVocab(vocab_path(tiny_run["data_dir"]))
+  sources = [vocab.encode(line.strip()) for line in source["lines"][:12] if line.strip()]
+  decoder = ctranslate2_decoder.Ctranslate2Decoder(exported["dirs"]["ct2"], 50, 1)
+  draw = lambda **options: decoder.translate_nbest(  # noqa: E731
+      sources, 1, 0.6, batch_size=0, sampling=decode.Sampling(**options))
+  first = draw(seed=3, top_k=3, samples=2)
+  assert first == draw(seed=3, top_k=3, samples=2) != draw(seed=4, top_k=3, samples=2)
+  assert all(len(draws) == 2 for draws in first)
+  greedy = decoder.translate_ids(sources, 1, 0.6, batch_size=0)
+  assert [d[0][0] for d in draw(seed=3, top_k=1)] == greedy
+  assert [d[0][0] for d in draw(seed=3, temperature=0.0)] == greedy
+  run = translator.load(tiny_run["output_dir"])
+  for ids, draws in zip(sources[:4], first[:4]):
+    drawn = draws[0][0] + [1]
+    logits = run.model(tf.constant([ids]), tf.constant([drawn]))[0].numpy()
+    logits[:, 0] = -np.inf  # padding, which CTranslate2 is told never to draw
+    for position, token in enumerate(drawn[:20]):
+      assert token in np.argsort(-logits[position])[:3]

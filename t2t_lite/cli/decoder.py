@@ -29,7 +29,11 @@ flags.DEFINE_string("decode_hparams", "", "beam_size (4), alpha (0.6), extra_dec
                     "(sentences per batch, 0: no limit) and batch_tokens (source tokens per "
                     "batch, padding included, 0: no limit; with neither given, "
                     f"{translator.DEFAULT_BATCH_TOKENS}); return_beams (write the beam_size "
-                    "best with their scores, tab-separated).")
+                    "best with their scores, tab-separated); sampling_method=random (draw each "
+                    "token from the model's distribution instead of searching) with "
+                    "sampling_temp (1.0; 0: argmax), sampling_keep_top_k (-1: every token), "
+                    "sampling_keep_top_p (nucleus; 1.0: every token), sampling_seed (1) and "
+                    "samples_per_input (1; more with return_beams=true).")
 flags.DEFINE_string("decode_from_file", None, "Source text, one sentence a line (.gz allowed).")
 flags.DEFINE_string("decode_to_file", None, "Where the translations (or the --score_file "
                     "scores) go.")

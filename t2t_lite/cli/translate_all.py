@@ -158,10 +158,9 @@ def check_flags():
   if len(sources) != len(references):
     raise UsageError(f"line counts differ: {FLAGS.decode_from_file} has {len(sources)} lines, "
                      f"{FLAGS.reference} has {len(references)}")
-  options, given = translator.decode_options(FLAGS.decode_hparams)
-  if "return_beams" in given:
-    raise UsageError("--decode_hparams: return_beams is not read here (BLEU scores the best "
-                     "hypothesis); drop it")
+  scored_one = "BLEU scores the best hypothesis"
+  options, _ = translator.decode_options(FLAGS.decode_hparams, not_read={
+      "return_beams": scored_one, "samples_per_input": scored_one})
   bleu_tokenizer(FLAGS.target_lang)  # a missing tokenizer is reported before any decoding
   output_dir = FLAGS.output_dir
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
@@ -184,6 +183,9 @@ def check_flags():
               "lines": len(sources), "target_lang": FLAGS.target_lang,
               "beam_size": options.beam_size, "alpha": options.alpha,
               "extra_decode_length": options.extra_decode_length, "weights": FLAGS.weights}
+  if options.sampling_method == "random":  # (a record of beam search has none of these)
+    settings.update({name: getattr(options, name) for name in
+                     ("sampling_method", *translator.SAMPLING_KEYS)})
   return options, sources, references, Record(eval_dir, settings)
 
 

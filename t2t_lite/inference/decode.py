@@ -13,6 +13,8 @@ batches are counted in source tokens; the search is compiled without autograph.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from t2t_lite.inference.batches import decode_batches
@@ -73,12 +75,88 @@ def _lengths(ids):
   return tf.where(tf.reduce_any(is_eos, axis=-1), first + 1, width)
 
 
-def greedy_search(model, inputs, decode_length, alpha: float = 0.0,
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Decoding by sampling each next token from the model's distribution (tensor2tensor's
+  sampling_method=random), at `temperature` (0: argmax, tensor2tensor's meaning), from the
+  `top_k` most likely tokens only (0: all) and from the smallest set holding `top_p` of the
+  probability (nucleus sampling; 1: all), `samples` draws per input.
+
+  The draws are a pure function of (`seed`, the input's index in what is translated, the
+  draw, the position, the token), not of the other inputs of its batch or the number of
+  threads: a rerun writes the same output. (As in every search here, an output that does
+  not end is cut at its batch's longest source + extra_decode_length tokens.)"""
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  samples: int = 1
+
+
+def _mix(x):
+  """A 32-bit integer hash (uint32 -> uint32 with every input bit reaching every output bit)."""
+  shift = lambda value, bits: tf.bitwise.right_shift(value, tf.constant(bits, tf.uint32))  # noqa: E731
+  x = tf.bitwise.bitwise_xor(x, shift(x, 16)) * tf.constant(0x7FEB352D, tf.uint32)
+  x = tf.bitwise.bitwise_xor(x, shift(x, 15)) * tf.constant(0x846CA68B, tf.uint32)
+  return tf.bitwise.bitwise_xor(x, shift(x, 16))
+
+
+def uniform_noise(seed: int, rows, step, vocab: int):
+  """[len(rows), vocab] numbers in (0, 1), a hash of (seed, row, step, token): the same for
+  the same four whatever else is decoded alongside."""
+  key = _mix(tf.bitwise.bitwise_xor(tf.cast(rows, tf.uint32),
+                                    _mix(tf.constant(seed % 2 ** 32, tf.uint32))))
+  key = _mix(tf.bitwise.bitwise_xor(key, tf.cast(step, tf.uint32)))
+  tokens = tf.cast(tf.range(vocab), tf.uint32) * tf.constant(0x9E3779B9, tf.uint32)
+  bits = _mix(tf.bitwise.bitwise_xor(key[:, None], tokens[None, :]))
+  top24 = tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32))
+  return (tf.cast(top24, tf.float32) + 0.5) / float(2 ** 24)
+
+
+def allowed_logits(masked, sampling: Sampling):
+  """The logits [N, V] at the sampling temperature, those outside the top_k and the top_p
+  nucleus at -inf (the most likely token always stays)."""
+  logits = masked / sampling.temperature
+  if sampling.top_k:
+    kth = tf.math.top_k(logits, k=min(sampling.top_k, logits.shape[-1])).values[:, -1:]
+    logits = tf.where(logits < kth, -float("inf"), logits)
+  if sampling.top_p < 1.0:
+    probs = tf.nn.softmax(logits)
+    ordered = tf.sort(probs, axis=-1, direction="DESCENDING")
+    before = tf.math.cumsum(ordered, axis=-1, exclusive=True)  # mass of the likelier ones
+    kept = tf.maximum(tf.reduce_sum(tf.cast(before < sampling.top_p, tf.int32), axis=-1), 1)
+    least = tf.gather(ordered, kept[:, None] - 1, batch_dims=1)
+    logits = tf.where(probs < least, -float("inf"), logits)
+  return logits
+
+
+def sampled_tokens(masked, rows, step, sampling: Sampling):
+  """One token per row of `masked` [N, V], drawn from softmax(allowed_logits) by the Gumbel-max
+  rule with `uniform_noise` (argmax at temperature 0)."""
+  if sampling.temperature == 0:
+    return tf.argmax(masked, axis=-1, output_type=tf.int32)
+  logits = allowed_logits(masked, sampling)
+  gumbel = -tf.math.log(-tf.math.log(uniform_noise(sampling.seed, rows, step,
+                                                   masked.shape[-1])))
+  return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
+
+
+def sample_search(model, inputs, decode_length, rows, alpha: float, sampling: Sampling,
                   return_logits: bool = False):
+  """As greedy_search, each token drawn by `sampling`; `rows` [B] (int) numbers the inputs'
+  draws (input index x samples + draw) for the noise."""
+  return greedy_search(model, inputs, decode_length, alpha, return_logits,
+                       choose=lambda masked, step: sampled_tokens(masked, rows, step, sampling))
+
+
+def greedy_search(model, inputs, decode_length, alpha: float = 0.0,
+                  return_logits: bool = False, choose=None):
   """Argmax decoding: (ids [B, T], scores [B]) and, when asked, the logits [B, T, V].
 
   A score is the summed log-probability up to and including EOS / length_penalty(its length,
-  alpha). `model` is a Transformer (cached decoding) or Uncached(transformer).
+  alpha). `model` is a Transformer (cached decoding) or Uncached(transformer). `choose(masked
+  logits [B, V], position)` picks the tokens instead of the argmax (see sample_search).
   """
   memory, bias = model.encode(inputs)
   batch = tf.shape(inputs)[0]
@@ -91,7 +169,9 @@ def greedy_search(model, inputs, decode_length, alpha: float = 0.0,
   def body(i, previous, ids, finished, logp_sum, cache, logits_all):
     logits, cache = model.decode_step(previous, i, cache, bias)
     masked = mask_padding(logits)
-    token = tf.where(finished, 0, tf.argmax(masked, axis=-1, output_type=tf.int32))
+    chosen = (tf.argmax(masked, axis=-1, output_type=tf.int32) if choose is None
+              else choose(masked, i))
+    token = tf.where(finished, 0, chosen)
     picked = (tf.gather(masked, token[:, None], batch_dims=1)[:, 0] -
               tf.reduce_logsumexp(masked, axis=-1))
     logp_sum += tf.where(finished, 0.0, picked)
@@ -311,29 +391,57 @@ class Decoder:
     """batching.decode_batches with this decoder's max_length."""
     return decode_batches(sources, self.max_length, batch_size, batch_tokens)
 
+  def _sampler(self, alpha: float, sampling: Sampling, use_cache: bool):
+    """The compiled sample_search: (inputs [N, S], decode_length, rows [N] int64) -> (ids
+    [N, 1, T], scores [N, 1])."""
+    key = ("sample", alpha, sampling, use_cache)
+    if key not in self._compiled:
+      model = self.model if use_cache else Uncached(self.model)
+
+      def run(inputs, decode_length, rows):
+        ids, scores = sample_search(model, inputs, decode_length, rows, alpha, sampling)
+        return ids[:, None], scores[:, None]
+      self._compiled[key] = tf.function(run, autograph=False, input_signature=[
+          tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32),
+          tf.TensorSpec([None], tf.int64)])
+    return self._compiled[key]
+
   def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
+                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0,
+                      sampling: Sampling | None = None
                       ) -> list[list[tuple[list[int], float]]]:
     """Per source (lists of ids ending in EOS), in the input order: its K = beam_size best
-    (ids without EOS, score) pairs, best first (one pair with greedy). Batches: `batches`."""
-    search = self._search(beam_size, alpha, use_cache)
+    (ids without EOS, score) pairs, best first (one pair with greedy); with `sampling`, its
+    sampling.samples draws, the best scored first. Batches: `batches` (of sources)."""
+    draws = sampling.samples if sampling is not None else 1
+    search = (self._search(beam_size, alpha, use_cache) if sampling is None
+              else self._sampler(alpha, sampling, use_cache))
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
     for chunk in self.batches(sources, batch_size, batch_tokens):
-      rows = self._truncated([list(sources[i]) for i in chunk])
+      rows = self._truncated([list(sources[i]) for i in chunk for _ in range(draws)])
       width = max(len(r) for r in rows)
       padded = tf.constant([r + [0] * (width - len(r)) for r in rows], tf.int32)
-      ids, scores = search(padded, tf.constant(width + self.extra_length, tf.int32))
-      for i, hypotheses, row_scores in zip(chunk, ids.numpy().tolist(), scores.numpy()):
-        results[i] = [(h[:h.index(EOS_ID)] if EOS_ID in h else h, float(score))
-                      for h, score in zip(hypotheses, row_scores)]
+      length = tf.constant(width + self.extra_length, tf.int32)
+      if sampling is None:
+        ids, scores = search(padded, length)
+      else:  # draw d of source i is row i x draws + d of the noise
+        numbers = tf.constant([i * draws + d for i in chunk for d in range(draws)], tf.int64)
+        ids, scores = search(padded, length, numbers)
+      hypotheses = [(h[:h.index(EOS_ID)] if EOS_ID in h else h, float(score))
+                    for row_ids, row_scores in zip(ids.numpy().tolist(), scores.numpy())
+                    for h, score in zip(row_ids, row_scores)]
+      per_source = len(hypotheses) // len(chunk)
+      for n, i in enumerate(chunk):
+        found = hypotheses[n * per_source:(n + 1) * per_source]
+        results[i] = sorted(found, key=lambda pair: -pair[1]) if sampling else found
     return results
 
   def translate_ids(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
-                    ) -> list[list[int]]:
+                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0,
+                    sampling: Sampling | None = None) -> list[list[int]]:
     """The best translation of each of `sources` (lists of ids ending in EOS), in order."""
     return [nbest[0][0] for nbest in self.translate_nbest(
-        sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]
+        sources, beam_size, alpha, batch_size, use_cache, batch_tokens, sampling)]
 
   def _truncated(self, rows):
     if not self.max_length:

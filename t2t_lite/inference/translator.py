@@ -39,6 +39,27 @@ class DecodeOptions:
   extra_decode_length: int = 50
   use_cache: bool = True
   return_beams: bool = False
+  # tensor2tensor's sampling (argmax: search by beam_size), and ours: the nucleus, the seed
+  # and several draws per input (see decode.Sampling)
+  sampling_method: str = "argmax"
+  sampling_temp: float = 1.0
+  sampling_keep_top_k: int = -1
+  sampling_keep_top_p: float = 1.0
+  sampling_seed: int = 1
+  samples_per_input: int = 1
+
+  def sampling(self):
+    """The decode.Sampling of sampling_method=random, else None."""
+    if self.sampling_method != "random":
+      return None
+    from t2t_lite.inference.decode import Sampling
+    return Sampling(self.sampling_temp, max(self.sampling_keep_top_k, 0),
+                    self.sampling_keep_top_p, self.sampling_seed, self.samples_per_input)
+
+  @property
+  def hypotheses(self) -> int:
+    """The translations decoded per input: the beam's, or the draws."""
+    return self.samples_per_input if self.sampling_method == "random" else self.beam_size
 
   def batching(self) -> tuple[int, int]:
     """(sentences, source tokens) per batch, 0 meaning no limit by that measure."""
@@ -47,11 +68,12 @@ class DecodeOptions:
     return self.batch_size, self.batch_tokens
 
 
-def decode_options(spec: str, read: tuple[str, ...] | None = None,
+def decode_options(spec: str, read: tuple[str, ...] | None = None, not_read: dict | None = None,
                    **defaults) -> tuple[DecodeOptions, set[str]]:
   """(options, the keys `spec` gave) from a `--decode_hparams` string such as
   "beam_size=8,alpha=1.0". `read` names the keys the calling program reads (all when None):
-  any other key is a usage error naming the ones it reads. `defaults` replace the defaults
+  any other key is a usage error naming the ones it reads; so is a key of `not_read` ({key:
+  why the program does not read it}). `defaults` replace the defaults
   of DecodeOptions for keys `spec` does not give (an export's own search settings, say)."""
   from t2t_lite.core.hparams import HParams
   values = dataclasses.asdict(DecodeOptions())
@@ -59,13 +81,50 @@ def decode_options(spec: str, read: tuple[str, ...] | None = None,
   names = read if read is not None else tuple(values)
   hparams = HParams(**{name: values[name] for name in names})
   given = set(hparams.parse(spec))
+  for name, why in (not_read or {}).items():  # keys the calling program refuses, and why
+    if name in given:
+      raise UsageError(f"--decode_hparams: {name} is not read here ({why}); drop it")
   values.update(hparams.values())
   options = DecodeOptions(**values)
   for name in ("beam_size", "batch_size", "batch_tokens", "extra_decode_length"):
     minimum = 1 if name == "beam_size" else 0
     if getattr(options, name) < minimum:
       raise UsageError(f"--decode_hparams: {name} must be at least {minimum}")
+  check_sampling(options, given)
   return options, given
+
+
+SAMPLING_KEYS = ("sampling_temp", "sampling_keep_top_k", "sampling_keep_top_p",
+                 "sampling_seed", "samples_per_input")
+
+
+def check_sampling(options: DecodeOptions, given: set[str]) -> None:
+  """A usage error, in one line, for sampling settings that mean nothing or are out of
+  range."""
+  bad = lambda text: UsageError(f"--decode_hparams: {text}")  # noqa: E731
+  if options.sampling_method not in ("argmax", "random"):
+    raise bad(f"sampling_method={options.sampling_method}: choose argmax (search by "
+              "beam_size) or random (draw each token from the model's distribution)")
+  if options.sampling_method == "argmax":
+    unread = sorted(given & set(SAMPLING_KEYS))
+    if unread:
+      raise bad(f"{unread[0]} is read only with sampling_method=random; set that too, or "
+                f"drop {unread[0]}")
+    return
+  if "beam_size" in given and options.beam_size != 1:
+    raise bad("sampling_method=random draws one token at a time (beam_size=1, as in "
+              "tensor2tensor); for several translations per input set samples_per_input")
+  checks = ((options.sampling_temp >= 0, "sampling_temp must be at least 0 (0: argmax)"),
+            (options.sampling_keep_top_k == -1 or options.sampling_keep_top_k >= 1,
+             "sampling_keep_top_k must be -1 (every token) or at least 1"),
+            (0 < options.sampling_keep_top_p <= 1, "sampling_keep_top_p must be in (0, 1]"),
+            (options.samples_per_input >= 1, "samples_per_input must be at least 1"),
+            (options.samples_per_input == 1 or options.return_beams,
+             "samples_per_input > 1 writes the draws as return_beams writes a beam: set "
+             "return_beams=true"))
+  for holds, text in checks:
+    if not holds:
+      raise bad(text)
 
 
 @dataclasses.dataclass
@@ -237,7 +296,7 @@ class Translator:
         sources.append(ids)
         positions.append(index)
     nbests = self._nbest(sources)
-    beams = options.beam_size if options.return_beams else 1
+    beams = options.hypotheses if options.return_beams else 1
     out = [self._format([([], 0.0)] * beams)] * len(lines)
     for index, nbest in zip(positions, nbests):
       out[index] = self._format(nbest[:beams])
@@ -249,9 +308,11 @@ class Translator:
 
   def _nbest(self, sources):
     batch_size, batch_tokens = self.options.batching()
-    return self.decoder.translate_nbest(sources, self.options.beam_size, self.options.alpha,
+    sampling = self.options.sampling()
+    beam_size = 1 if sampling is not None else self.options.beam_size
+    return self.decoder.translate_nbest(sources, beam_size, self.options.alpha,
                                         batch_size=batch_size, use_cache=self.options.use_cache,
-                                        batch_tokens=batch_tokens)
+                                        batch_tokens=batch_tokens, sampling=sampling)
 
   def _format(self, nbest) -> str:
     texts = [self.vocab.decode(ids).replace("\n", " ").replace("\t", " ") for ids, _ in nbest]

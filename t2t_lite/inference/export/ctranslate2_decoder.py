@@ -31,7 +31,6 @@ class Ctranslate2Decoder:
   """translate_ids / translate_nbest with inference.decode.Decoder's arguments and results."""
 
   def __init__(self, export_dir: str, extra_length: int, threads: int = 0):
-    import ctranslate2
     self.info = read_info(export_dir, "ctranslate2")
     self.vocab_file = os.path.join(export_dir, VOCAB_FILE)
     self.max_length = int(self.info["max_length"])
@@ -40,21 +39,39 @@ class Ctranslate2Decoder:
       raise UsageError(f"extra_decode_length={extra_length} is beyond this export's positions "
                        f"({self.info['max_positions']} = max_length {self.max_length} + "
                        f"{self.info['max_positions'] - self.max_length}); lower it")
-    threads = threads or len(os.sched_getaffinity(0))
-    self.translator = ctranslate2.Translator(export_dir, device="cpu", intra_threads=threads)
+    self.export_dir, self.threads = export_dir, threads or len(os.sched_getaffinity(0))
+    self.translator = self._translator()
     import sentencepiece as spm
     processor = spm.SentencePieceProcessor(model_file=self.vocab_file)
     self.pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     self.ids = {piece: i for i, piece in enumerate(self.pieces)}
 
+  def _translator(self, seed: int | None = None):
+    """A CTranslate2 translator of the export; with `seed`, its sampler seeded (CTranslate2
+    seeds a translator's worker threads as it starts them)."""
+    import ctranslate2
+    if seed is not None:
+      ctranslate2.set_random_seed(seed)
+    return ctranslate2.Translator(self.export_dir, device="cpu", intra_threads=self.threads)
+
   def translate_nbest(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
-                      ) -> list[list[tuple[list[int], float]]]:
+                      batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0,
+                      sampling=None) -> list[list[tuple[list[int], float]]]:
     """Per source (ids ending in EOS), in order: (ids without EOS, tensor2tensor score) pairs,
-    best first; beam_size of them (one with greedy)."""
+    best first; beam_size of them (one with greedy), or with `sampling` (a decode.Sampling)
+    its draws, by CTranslate2's own sampler: seeded, so a rerun on the same sources draws
+    the same, but not the same draws as --engine=tensorflow."""
     if not use_cache:
       raise UsageError("use_cache=false is a setting of --engine=tensorflow; CTranslate2 "
                        "always decodes with its cache")
+    search = dict(beam_size=beam_size, num_hypotheses=beam_size)
+    translator = self.translator
+    if sampling is not None:  # a rerun draws the same: a translator seeded for this call
+      translator = self._translator(sampling.seed)
+      search = dict(beam_size=1, num_hypotheses=sampling.samples,
+                    sampling_topk=sampling.top_k if sampling.temperature else 1,
+                    sampling_topp=sampling.top_p,
+                    sampling_temperature=sampling.temperature or 1.0)
     results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
     for chunk in decode_batches(sources, self.max_length, batch_size, batch_tokens):
       # ctranslate2 appends the EOS itself (add_source_eos); long sources keep
@@ -62,8 +79,8 @@ class Ctranslate2Decoder:
       rows = [[self.pieces[t] for t in sources[i] if t != EOS_ID][:self.max_length - 1]
               for i in chunk]
       width = max(len(r) for r in rows) + 1
-      outputs = self.translator.translate_batch(
-          rows, beam_size=beam_size, num_hypotheses=beam_size, length_penalty=alpha,
+      outputs = translator.translate_batch(
+          rows, **search, length_penalty=alpha,
           max_decoding_length=width + self.extra_length, min_decoding_length=0,
           max_input_length=0, suppress_sequences=[[self.pieces[PAD_ID]]],
           return_end_token=True, return_scores=True)
@@ -77,11 +94,11 @@ class Ctranslate2Decoder:
     return results
 
   def translate_ids(self, sources, beam_size: int = 4, alpha: float = 0.6,
-                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0
-                    ) -> list[list[int]]:
+                    batch_size: int = 32, use_cache: bool = True, batch_tokens: int = 0,
+                    sampling=None) -> list[list[int]]:
     """The best translation of each of `sources` (ids ending in EOS), in order."""
-    return [nbest[0][0] for nbest in
-            self.translate_nbest(sources, beam_size, alpha, batch_size, use_cache, batch_tokens)]
+    return [nbest[0][0] for nbest in self.translate_nbest(
+        sources, beam_size, alpha, batch_size, use_cache, batch_tokens, sampling)]
 
   def score(self, sources, targets, batch_size: int = 0, batch_tokens: int = 0
             ) -> list[float]:
