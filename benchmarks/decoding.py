@@ -23,6 +23,9 @@ START = time.perf_counter()
 ENGINES = (("tensorflow", "t2t-lite's search"), ("saved_model", "SavedModel"),
            ("ctranslate2_float32", "CTranslate2 float32"), ("ctranslate2_int8", "CTranslate2 int8"))
 OPTIONS = {"beam_size": 4, "alpha": 0.6, "batch_size": 64}
+# What back-translation by sampling would use (Edunov et al. 2018: unrestricted sampling;
+# a top-k of 10 is their other variant): the cost is of the draw, not of k
+SAMPLING_SPEC = {"temperature": 1.0, "top_k": 10}
 
 
 def worker_cache(spec: dict) -> dict:
@@ -45,15 +48,29 @@ def worker_cache(spec: dict) -> dict:
   sources = run.vocab.encode_batch(lines)
   decoder = run.decoder(translator.DecodeOptions())
   results = {}
+  timed = lambda name, decoder, beam, cached=True, sampling=None: results.__setitem__(  # noqa: E731
+      name, _sentences_per_second(decoder, sources, beam, cached, sampling))
   for beam in (1, 4):
     for cached in (True, False):
-      decoder.translate_ids(sources[:8], beam, 0.6, 64, cached)  # trace
-      start = time.perf_counter()
-      decoder.translate_ids(sources, beam, 0.6, 64, cached)
-      results[f"beam{beam}_{'cached' if cached else 'uncached'}"] = (
-          len(sources) / (time.perf_counter() - start))
+      timed(f"beam{beam}_{'cached' if cached else 'uncached'}", decoder, beam, cached)
+  from t2t_lite.inference import decode
+  timed("sampling", decoder, 1, sampling=decode.Sampling(**SAMPLING_SPEC))
+  # An ensemble of two: the model twice (its speed is what this row shows)
+  pair = decode.Decoder(decode.Ensemble([run.model, run.model]), run.hparams.max_length,
+                        translator.DecodeOptions().extra_decode_length)
+  for beam in (1, 4):
+    timed(f"ensemble2_beam{beam}", pair, beam)
   results["trained_model"] = bool(spec.get("run_dir"))
   return results
+
+
+def _sentences_per_second(decoder, sources, beam: int, cached: bool, sampling) -> float:
+  """Sentences per second of `decoder` translating `sources` in batches of 64 (after a first
+  batch that traces the search)."""
+  decoder.translate_ids(sources[:8], beam, 0.6, 64, cached, sampling=sampling)  # trace
+  start = time.perf_counter()
+  decoder.translate_ids(sources, beam, 0.6, 64, cached, sampling=sampling)
+  return len(sources) / (time.perf_counter() - start)
 
 
 def _tensorflow(spec, options):
@@ -164,6 +181,14 @@ def table_rows(results: dict) -> list[str]:
     rows.append(f"| decode sentences/s ({model} model), beam 4 cached / uncached | "
                 f"{d['beam4_cached']:.1f} / {d['beam4_uncached']:.1f} "
                 f"({d['beam4_cached'] / d['beam4_uncached']:.1f}x) |")
+  if "sampling" in d:
+    rows.append(f"| decode sentences/s ({model} model), greedy / sampling (top-k 10) | "
+                f"{d['beam1_cached']:.1f} / {d['sampling']:.1f} "
+                f"({d['sampling'] / d['beam1_cached']:.2f}x) |")
+    for beam, name in ((1, "greedy"), (4, "beam 4")):
+      ours, pair = d[f"beam{beam}_cached"], d[f"ensemble2_beam{beam}"]
+      rows.append(f"| decode sentences/s ({model} model), {name}: one model / an ensemble of "
+                  f"two | {ours:.1f} / {pair:.1f} ({pair / ours:.2f}x) |")
   engines = results.get("decode/engines", {})
   ours = engines.get("tensorflow", {}).get("sentences_per_second")
   for name, label in ENGINES:

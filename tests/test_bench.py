@@ -162,3 +162,14 @@ def test_the_engine_worker_decodes_a_run_through_the_inference_layer(tiny_run):
       "ctranslate2_int8": {**result, "sentences_per_second": 2 * result["sentences_per_second"],
                            "process_seconds": 4.0}}})
   assert "t2t-lite's search | " in rows[0] and "(2.0x)" in rows[1]
+
+
+def test_the_decoding_rows_state_sampling_and_an_ensemble_against_one_model():
+  rows = decoding.table_rows({"decode/cache": {
+      "beam1_cached": 40.0, "beam1_uncached": 10.0, "beam4_cached": 20.0,
+      "beam4_uncached": 4.0, "sampling": 36.0, "ensemble2_beam1": 21.0,
+      "ensemble2_beam4": 11.0, "trained_model": True}})
+  assert rows[2] == ("| decode sentences/s (trained model), greedy / sampling (top-k 10) | "
+                     "40.0 / 36.0 (0.90x) |")
+  assert rows[3].endswith("greedy: one model / an ensemble of two | 40.0 / 21.0 (0.53x) |")
+  assert rows[4].endswith("beam 4: one model / an ensemble of two | 20.0 / 11.0 (0.55x) |")

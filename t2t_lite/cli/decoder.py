@@ -47,6 +47,10 @@ flags.DEFINE_enum("engine", "tensorflow", ["tensorflow", "ctranslate2"],
                   "t2t-lite-exporter --format=ctranslate2 export (ctranslate2, --export_dir).")
 common.define_weights("decoded")
 flags.DEFINE_string("export_dir", None, "The CTranslate2 export, with --engine=ctranslate2.")
+flags.DEFINE_list("ensemble", [], "More models decoded together with --output_dir's (or "
+                  "--checkpoint_path's), comma-separated: run directories (their newest "
+                  "checkpoint) or checkpoint prefixes, all on the same vocabulary; each step "
+                  "takes the mean of their log-probabilities.")
 FLAGS = flags.FLAGS
 
 
@@ -102,6 +106,9 @@ def _mode() -> str:
 def _engine(options, given_keys: set[str]):
   """(decoder, vocab, max_length, options) of the chosen engine."""
   if FLAGS.engine == "ctranslate2":
+    if FLAGS.ensemble:
+      raise UsageError("--ensemble decodes with --engine=tensorflow (checkpoints); drop "
+                       "--engine=ctranslate2, or --ensemble")
     return ctranslate2_engine(options, given_keys)
   if FLAGS.export_dir:
     raise UsageError("--export_dir is read by --engine=ctranslate2 only; pass that, or "
@@ -109,7 +116,37 @@ def _engine(options, given_keys: set[str]):
   run = translator.load(FLAGS.output_dir, FLAGS.checkpoint_path, FLAGS.hparams_set,
                        FLAGS.hparams, FLAGS.problem, FLAGS.data_dir, FLAGS.weights)
   print(f"weights: {run.weights_read}", file=sys.stderr)
-  return run.decoder(options), run.vocab, run.hparams.max_length, options
+  if not FLAGS.ensemble:
+    return run.decoder(options), run.vocab, run.hparams.max_length, options
+  from t2t_lite.inference import decode
+  members = [run.model] + [_member(name, run) for name in FLAGS.ensemble]
+  print(f"an ensemble of {len(members)} models: the mean of their log-probabilities",
+        file=sys.stderr)
+  decoder = decode.Decoder(decode.Ensemble(members), run.hparams.max_length,
+                           options.extra_decode_length)
+  return decoder, run.vocab, run.hparams.max_length, options
+
+
+def _member(name: str, main):
+  """The model of --ensemble's `name` (a run directory or a checkpoint prefix), refused in one
+  line when its vocabulary is not `main`'s (a translator.RunModel)."""
+  from t2t_lite.data.text import file_sha256
+  is_run = os.path.isdir(name)
+  directory = name if is_run else os.path.dirname(name) or "."
+  member = translator.build(directory, what=name)
+  ours, theirs = (file_sha256(run.vocab.model_file) for run in (main, member))
+  if ours != theirs:
+    raise UsageError(f"--ensemble={name} has another vocabulary than the first model's "
+                     f"(sha256 {theirs[:12]}, not {ours[:12]}); an ensemble decodes one "
+                     "vocabulary")
+  path = translator.newest_checkpoint(directory, None if is_run else name)
+  try:
+    member.restore(path, FLAGS.weights)
+  except (ValueError, AssertionError) as err:
+    raise UsageError(f"--ensemble={name}: cannot restore {path}: "
+                     f"{str(err).splitlines()[0][:200]}") from None
+  print(f"ensemble member {name}: weights: {member.weights_read}", file=sys.stderr)
+  return member.model
 
 
 def _score_pairs() -> list[tuple[str, str]]:

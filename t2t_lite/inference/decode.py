@@ -35,6 +35,14 @@ def mask_padding(logits):
   return logits + tf.constant([-float("inf")] + [0.0] * (vocab - 1))
 
 
+def _log_z(model, masked):
+  """The log of the normalizer of `masked` [N, V] logits: 0 where `model`'s steps give
+  log-probabilities already (an Ensemble's mean, which stays as it is)."""
+  if getattr(model, "gives_log_probs", False):
+    return tf.zeros(tf.shape(masked)[:1])
+  return tf.reduce_logsumexp(masked, axis=-1)
+
+
 def _top_candidates(masked, offset, beam: int, count: int):
   """The `count` best (value, index) of masked[b * K + k, v] + offset[b, k] over k * V + v.
 
@@ -172,8 +180,7 @@ def greedy_search(model, inputs, decode_length, alpha: float = 0.0,
     chosen = (tf.argmax(masked, axis=-1, output_type=tf.int32) if choose is None
               else choose(masked, i))
     token = tf.where(finished, 0, chosen)
-    picked = (tf.gather(masked, token[:, None], batch_dims=1)[:, 0] -
-              tf.reduce_logsumexp(masked, axis=-1))
+    picked = tf.gather(masked, token[:, None], batch_dims=1)[:, 0] - _log_z(model, masked)
     logp_sum += tf.where(finished, 0.0, picked)
     ids = tf.concat([ids, token[:, None]], axis=1)
     if return_logits:
@@ -228,7 +235,7 @@ def beam_search(model, inputs, decode_length, beam_size: int, alpha: float):
     logits, cache = model.decode_step(s["last"], i, s["cache"], s["bias"])
     rows = tf.shape(s["rows"])[0]
     masked = mask_padding(logits)
-    log_z = tf.reshape(tf.reduce_logsumexp(masked, axis=-1), [rows, beam])
+    log_z = tf.reshape(_log_z(model, masked), [rows, beam])
     top_logp, top_index = _top_candidates(masked, s["alive_logp"] - log_z, beam, 2 * beam)
     origin, token = top_index // vocab, top_index % vocab
     top_seq = tf.concat([tf.gather(s["alive_seq"], origin, batch_dims=1), token[:, :, None]], 2)
@@ -358,8 +365,58 @@ class Uncached:
     return logits, {"ids": prefix, "memory": cache["memory"]}
 
 
+class Ensemble:
+  """Several models over one vocabulary, decoded as one (the models' decoding interface): at
+  each step the mean of their log-probabilities, padding excluded, as Marian ensembles with
+  equal weights (fairseq averages the probabilities instead). The mean is not normalized
+  again, so a translation's score is the mean of the members' scores of it, and --score_file
+  writes the mean of their log p(target | source). Models of other sizes may be mixed; their
+  vocabularies must be the same (the caller checks)."""
+
+  gives_log_probs = True
+
+  def __init__(self, models):
+    self.models = list(models)
+    self.vocab_size = self.models[0].vocab_size
+
+  def uncached(self) -> "Ensemble":
+    return Ensemble([Uncached(model) for model in self.models])
+
+  def encode(self, inputs):
+    encoded = [model.encode(inputs) for model in self.models]
+    return tuple(memory for memory, _ in encoded), encoded[0][1]
+
+  def init_cache(self, memory, beam_size: int, max_length):
+    return tuple(model.init_cache(part, beam_size, max_length)
+                 for model, part in zip(self.models, memory))
+
+  def reorder_cache(self, cache, origin):
+    return tuple(model.reorder_cache(part, origin) for model, part in zip(self.models, cache))
+
+  def select_rows(self, cache, keep):
+    return tuple(model.select_rows(part, keep) for model, part in zip(self.models, cache))
+
+  def decode_step(self, ids, position, cache, memory_bias):
+    steps = [model.decode_step(ids, position, part, memory_bias)
+             for model, part in zip(self.models, cache)]
+    log_probs = [tf.nn.log_softmax(mask_padding(tf.cast(logits, tf.float32)))
+                 for logits, _ in steps]
+    return tf.add_n(log_probs) / len(self.models), tuple(part for _, part in steps)
+
+  def __call__(self, inputs, targets):
+    """Teacher-forced: the members' mean log-probabilities [B, T, V] (as Decoder.score reads
+    a model's)."""
+    return tf.add_n([tf.nn.log_softmax(tf.cast(model(inputs, targets), tf.float32))
+                     for model in self.models]) / len(self.models)
+
+
+def _without_cache(model):
+  return model.uncached() if isinstance(model, Ensemble) else Uncached(model)
+
+
 class Decoder:
-  """Batched translation of id sequences with a compiled search."""
+  """Batched translation of id sequences with a compiled search (`model`: a Transformer, or
+  an Ensemble of several)."""
 
   def __init__(self, model, max_length: int = 0, extra_length: int = 50):
     self.model = model
@@ -371,7 +428,7 @@ class Decoder:
     """The plain callable (inputs [B, S] int32, decode_length int32) -> `search`'s
     (ids [B, K, T], scores [B, K]), for wrapping in a tf.function (or exporting); it needs
     no autograph (tf.function(..., autograph=False) traces it in half the time)."""
-    model = self.model if use_cache else Uncached(self.model)
+    model = self.model if use_cache else _without_cache(self.model)
 
     def run(inputs, decode_length):
       return search(model, inputs, decode_length, beam_size, alpha)
@@ -396,7 +453,7 @@ class Decoder:
     [N, 1, T], scores [N, 1])."""
     key = ("sample", alpha, sampling, use_cache)
     if key not in self._compiled:
-      model = self.model if use_cache else Uncached(self.model)
+      model = self.model if use_cache else _without_cache(self.model)
 
       def run(inputs, decode_length, rows):
         ids, scores = sample_search(model, inputs, decode_length, rows, alpha, sampling)
@@ -469,5 +526,7 @@ class Decoder:
 
   def _score_batch(self, inputs, targets):
     logits = tf.cast(self.model(inputs, targets), tf.float32)
-    log_probs = tf.gather(tf.nn.log_softmax(logits), targets, batch_dims=2)
+    if not getattr(self.model, "gives_log_probs", False):
+      logits = tf.nn.log_softmax(logits)
+    log_probs = tf.gather(logits, targets, batch_dims=2)
     return tf.reduce_sum(tf.where(tf.not_equal(targets, 0), log_probs, 0.0), axis=1)
