@@ -28,6 +28,10 @@ flags.DEFINE_multi_string("corpus", [], "Several training corpora, sampled by we
                           "weighs the problem's own training split (else main:1). Repeat the "
                           "flag for each; the trainer's corpus_weights hparam may change the "
                           "weights.")
+flags.DEFINE_list("back_translated", [], "Corpora of --corpus (by name, comma-separated) "
+                  "whose sources are back-translated: each source begins with the piece "
+                  "<BT>, which the vocabulary holds and decoding never writes (tagged "
+                  "back-translation).")
 FLAGS = flags.FLAGS
 
 
@@ -41,7 +45,8 @@ def main() -> None:
   common.check_writable_dir(FLAGS.data_dir, "data_dir")
   problem.configure(source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
                     vocab_size=FLAGS.vocab_size, sampling_copies=FLAGS.subword_sampling_copies,
-                    sampling_alpha=FLAGS.subword_sampling_alpha, corpora=FLAGS.corpus)
+                    sampling_alpha=FLAGS.subword_sampling_alpha, corpora=FLAGS.corpus,
+                    back_translated=FLAGS.back_translated)
   manifest = problem.generate_data(FLAGS.data_dir, FLAGS.tmp_dir, FLAGS.overwrite)
   if manifest["skipped"]:
     print(f"{problem.name}: data in {FLAGS.data_dir} is up to date with its inputs; "
@@ -62,7 +67,9 @@ def main() -> None:
     total = sum(corpus["weight"] for corpus in manifest["corpora"])
     print("training corpora, by weight: " + ", ".join(
         f"{c['name']} {c['weight']:g} ({100 * c['weight'] / total:.1f}% of the batches; "
-        f"{manifest['splits'][c['split']]['kept']} pairs)" for c in manifest["corpora"]))
+        f"{manifest['splits'][c['split']]['kept']} pairs"
+        f"{', back-translated: sources tagged <BT>' if c.get('back_translated') else ''})"
+        for c in manifest["corpora"]))
   print(f"vocabulary: {manifest['vocab']['file']} ({manifest['vocab']['size']} pieces, "
         f"sha256 {manifest['vocab']['sha256'][:12]})")
   print(f"manifest: {problem.manifest_file(FLAGS.data_dir)}")

@@ -123,7 +123,7 @@ def _engine(options, given_keys: set[str]):
   print(f"an ensemble of {len(members)} models: the mean of their log-probabilities",
         file=sys.stderr)
   decoder = decode.Decoder(decode.Ensemble(members), run.hparams.max_length,
-                           options.extra_decode_length)
+                           options.extra_decode_length, never=run.vocab.reserved_ids())
   return decoder, run.vocab, run.hparams.max_length, options
 
 

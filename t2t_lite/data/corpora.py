@@ -74,10 +74,29 @@ def parse(entries) -> list[dict]:
 
 
 class TrainingCorpora:
-  """The training corpora of one datagen (see the module docstring)."""
+  """The training corpora of one datagen (see the module docstring). `back_translated`: the
+  names of those whose sources are back-translated (datagen --back_translated): each of their
+  sources begins with the reserved piece vocab.BT_TAG."""
 
-  def __init__(self, entries=()):
+  def __init__(self, entries=(), back_translated=()):
     self.entries = parse(entries)
+    names = [c["name"] for c in self.entries]
+    for name in back_translated:
+      if name not in names:
+        raise UsageError(f"--back_translated={name} names no corpus of --corpus"
+                         f"{' (' + ', '.join(names) + ')' if names else ''}; name one of "
+                         "them, each given with --corpus=NAME:WEIGHT[:DIR]")
+    for corpus in self.entries:
+      if corpus["name"] in back_translated:
+        corpus["back_translated"] = True
+
+  def tagged(self, index: int) -> bool:
+    """Whether the index-th corpus's sources carry the back-translation tag."""
+    return bool(self.entries) and self.entries[index].get("back_translated", False)
+
+  @property
+  def any_tagged(self) -> bool:
+    return any(c.get("back_translated") for c in self.entries)
 
   def __bool__(self) -> bool:
     return bool(self.entries)
@@ -87,14 +106,17 @@ class TrainingCorpora:
     corpora stays up to date)."""
     if not self.entries:
       return {}
-    return {"corpora": [{"name": c["name"], "weight": c["weight"]} for c in self.entries]}
+    return {"corpora": [{"name": c["name"], "weight": c["weight"],
+                         **({"back_translated": True} if c.get("back_translated") else {})}
+                        for c in self.entries]}
 
   def manifest(self) -> dict:
     """The manifest's `corpora`: name, weight and the split of the one best, in order."""
     if not self.entries:
       return {}
     return {"corpora": [{"name": c["name"], "weight": c["weight"],
-                         "split": split_name("train", c["name"], index == 0)}
+                         "split": split_name("train", c["name"], index == 0),
+                         **({"back_translated": True} if c.get("back_translated") else {})}
                         for index, c in enumerate(self.entries)]}
 
   def training_splits(self, sampled: bool) -> dict[str, tuple[int, bool]]:

@@ -53,22 +53,24 @@ class _ExampleBytes:
 
 
 def encoded_chunks(vocab, pairs: Iterable[tuple[str, str]], keep_text: bool,
-                   sampling: tuple[float, int] | None = None) -> Iterator[list[bytes]]:
+                   sampling: tuple[float, int] | None = None,
+                   source_prefix: tuple[int, ...] = ()) -> Iterator[list[bytes]]:
   """Serialized examples of `pairs`, in input order, CHUNK_PAIRS at a time. `sampling` =
   (alpha, seed): segmentations drawn with vocab.sample_batch (seeded by seed and the chunk),
-  else the vocabulary's one best."""
+  else the vocabulary's one best. `source_prefix`: ids every source begins with (the
+  back-translation tag)."""
   serialize = _ExampleBytes(keep_text)
   chunk, index = [], 0
   for pair in pairs:
     chunk.append(pair)
     if len(chunk) == CHUNK_PAIRS:
-      yield _encode(vocab, chunk, serialize, sampling, index)
+      yield _encode(vocab, chunk, serialize, sampling, index, source_prefix)
       chunk, index = [], index + 1
   if chunk:
-    yield _encode(vocab, chunk, serialize, sampling, index)
+    yield _encode(vocab, chunk, serialize, sampling, index, source_prefix)
 
 
-def _encode(vocab, chunk, serialize, sampling, index: int) -> list[bytes]:
+def _encode(vocab, chunk, serialize, sampling, index: int, prefix=()) -> list[bytes]:
   texts = ([source for source, _ in chunk], [target for _, target in chunk])
   if sampling is None:
     sources, targets = (vocab.encode_batch(side) for side in texts)
@@ -76,7 +78,8 @@ def _encode(vocab, chunk, serialize, sampling, index: int) -> list[bytes]:
     alpha, seed = sampling
     sources, targets = (vocab.sample_batch(side, alpha, _seed(seed, index, n))
                         for n, side in enumerate(texts))
-  return [serialize(source_ids, target_ids, source, target)
+  prefix = list(prefix)
+  return [serialize(prefix + source_ids, target_ids, source, target)
           for (source, target), source_ids, target_ids in zip(chunk, sources, targets)]
 
 
@@ -106,7 +109,7 @@ def bucket_count(pairs: int, shards: int) -> int:
 
 def write_shuffled(vocab, pairs: Iterable[tuple[str, str]], files: list[str],
                    expected_pairs: int, seed: int, copies: int = 1,
-                   sampling_alpha: float = 0.0) -> int:
+                   sampling_alpha: float = 0.0, source_prefix: tuple[int, ...] = ()) -> int:
   """Writes `pairs` (ids only) to the shards `files` in a seeded random order; returns how
   many records. `expected_pairs` (from an earlier pass) sizes the buckets.
 
@@ -127,7 +130,8 @@ def write_shuffled(vocab, pairs: Iterable[tuple[str, str]], files: list[str],
     try:
       for copy in range(copies):
         sampling = (sampling_alpha, _seed(seed, copy)) if sampling_alpha else None
-        for chunk in encoded_chunks(vocab, pairs, keep_text=False, sampling=sampling):
+        for chunk in encoded_chunks(vocab, pairs, keep_text=False, sampling=sampling,
+                                    source_prefix=source_prefix):
           for record, bucket in zip(chunk, rng.integers(buckets, size=len(chunk)).tolist()):
             outputs[bucket].write(_LENGTH.pack(len(record)))
             outputs[bucket].write(record)

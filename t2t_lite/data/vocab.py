@@ -15,6 +15,10 @@ from t2t_lite.data.sampling import SegmentationSampler
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
+# The piece that begins every source of a back-translated corpus (datagen --back_translated;
+# Caswell et al. 2019, "Tagged Back-Translation"): a vocabulary of such data holds it as one
+# piece, and decoding never predicts it.
+BT_TAG = "<BT>"
 # The vocabulary is trained on a seeded sample of at most SAMPLE_SENTENCES sentences and
 # SAMPLE_CHARACTERS characters: sentencepiece's unigram trainer takes about 20 bytes per
 # character it trains on (a suffix array over all of them), so 60M characters keep it near
@@ -66,8 +70,10 @@ def within_characters(sentences: list[str], budget: int, seed: int) -> list[str]
   return shuffled[:kept]
 
 
-def train_sentencepiece(sentences: Sequence[str], vocab_size: int, seed: int = 1) -> bytes:
+def train_sentencepiece(sentences: Sequence[str], vocab_size: int, seed: int = 1,
+                        reserved: Sequence[str] = ()) -> bytes:
   """Trains a unigram sentencepiece model on `sentences`; returns the model file's bytes.
+  `reserved`: pieces it holds whole whatever the text (BT_TAG).
 
   At most SAMPLE_SENTENCES sentences: draw them from a larger stream with
   `reservoir_sample`; beyond SAMPLE_CHARACTERS characters, a seeded random subset is used.
@@ -83,7 +89,8 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: int, seed: int = 1
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
         unk_id=UNK_ID, bos_id=-1, input_sentence_size=_SPM_INPUT_SENTENCE_SIZE,
-        shuffle_input_sentence=True, max_sentence_length=4096, num_threads=2, minloglevel=2)
+        shuffle_input_sentence=True, max_sentence_length=4096, num_threads=2, minloglevel=2,
+        **({"user_defined_symbols": list(reserved)} if reserved else {}))
   except RuntimeError as err:
     found = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
                       str(err))
@@ -108,6 +115,12 @@ class SubwordVocab:
   @property
   def size(self) -> int:
     return self._sp.get_piece_size()
+
+  def reserved_ids(self) -> tuple[int, ...]:
+    """The ids of the reserved pieces this vocabulary holds (BT_TAG), which decoding never
+    predicts."""
+    tag = self._sp.piece_to_id(BT_TAG)
+    return (tag,) if tag != UNK_ID and self._sp.id_to_piece(tag) == BT_TAG else ()
 
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text) + [EOS_ID]

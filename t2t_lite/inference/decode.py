@@ -410,16 +410,52 @@ class Ensemble:
                      for model in self.models]) / len(self.models)
 
 
+class Suppressed:
+  """A model's decoding interface with the pieces `ids` never predicted (reserved pieces,
+  such as the back-translation tag a vocabulary holds for training sources): their logits at
+  -inf at every step, as padding's. Forced decoding reads the model as it is."""
+
+  def __init__(self, model, ids):
+    self.model, self.ids = model, tuple(ids)
+    self.vocab_size = model.vocab_size
+    self.gives_log_probs = getattr(model, "gives_log_probs", False)
+    self._mask = tf.constant([-float("inf") if i in self.ids else 0.0
+                              for i in range(self.vocab_size)])
+
+  def uncached(self) -> "Suppressed":
+    return Suppressed(_without_cache(self.model), self.ids)
+
+  def encode(self, inputs):
+    return self.model.encode(inputs)
+
+  def init_cache(self, memory, beam_size: int, max_length):
+    return self.model.init_cache(memory, beam_size, max_length)
+
+  def reorder_cache(self, cache, origin):
+    return self.model.reorder_cache(cache, origin)
+
+  def select_rows(self, cache, keep):
+    return self.model.select_rows(cache, keep)
+
+  def decode_step(self, ids, position, cache, memory_bias):
+    logits, cache = self.model.decode_step(ids, position, cache, memory_bias)
+    return tf.cast(logits, tf.float32) + self._mask, cache
+
+  def __call__(self, inputs, targets):
+    return self.model(inputs, targets)
+
+
 def _without_cache(model):
-  return model.uncached() if isinstance(model, Ensemble) else Uncached(model)
+  return model.uncached() if isinstance(model, (Ensemble, Suppressed)) else Uncached(model)
 
 
 class Decoder:
   """Batched translation of id sequences with a compiled search (`model`: a Transformer, or
-  an Ensemble of several)."""
+  an Ensemble of several). `never`: ids no output holds (the vocabulary's reserved pieces,
+  SubwordVocab.reserved_ids)."""
 
-  def __init__(self, model, max_length: int = 0, extra_length: int = 50):
-    self.model = model
+  def __init__(self, model, max_length: int = 0, extra_length: int = 50, never=()):
+    self.model = Suppressed(model, never) if never else model
     self.max_length = max_length
     self.extra_length = extra_length
     self._compiled = {}

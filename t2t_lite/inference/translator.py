@@ -147,7 +147,8 @@ class RunModel:
 
   def decoder(self, options: DecodeOptions):
     from t2t_lite.inference import decode
-    return decode.Decoder(self.model, self.hparams.max_length, options.extra_decode_length)
+    return decode.Decoder(self.model, self.hparams.max_length, options.extra_decode_length,
+                          never=self.vocab.reserved_ids())
 
   def translator(self, options: DecodeOptions) -> "Translator":
     return Translator(self.decoder(options), self.vocab, self.hparams.max_length, options)

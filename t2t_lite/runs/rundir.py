@@ -155,7 +155,9 @@ def data_record(snapshot) -> dict:
             "vocab_sha256": snapshot.vocab_sha256(),
             "subword_sampling": settings.get("subword_sampling")}
   if snapshot.corpora:  # (their weights in training: the hparam corpus_weights, else these)
-    record["corpora"] = [{"name": c["name"], "weight": c["weight"]} for c in snapshot.corpora]
+    record["corpora"] = [{"name": c["name"], "weight": c["weight"],
+                          **({"back_translated": True} if c.get("back_translated") else {})}
+                         for c in snapshot.corpora]
   return record
 
 

@@ -97,13 +97,15 @@ class TranslateProblem(abc.ABC):
     return {}
 
   def configure(self, vocab_size: int = 0, sampling_copies: int = 0,
-                sampling_alpha: float = 0.0, corpora=(), **options) -> None:
+                sampling_alpha: float = 0.0, corpora=(), back_translated=(),
+                **options) -> None:
     """Datagen options: a vocabulary size other than the problem's (0: keep it), subword
     sampling of the training split (`sampling_copies` segmentations of every pair, drawn at
     `sampling_alpha`; 0 copies: the one best segmentation), more training corpora
-    (`corpora`: --corpus entries, see problems.corpora), and problem-specific ones (e.g.
-    languages for a folder corpus)."""
-    self.corpora = TrainingCorpora(corpora)
+    (`corpora`: --corpus entries, see problems.corpora; `back_translated`: the names of
+    those whose sources are tagged), and problem-specific ones (e.g. languages for a folder
+    corpus)."""
+    self.corpora = TrainingCorpora(corpora, back_translated)
     if vocab_size < 0:
       raise UsageError(f"--vocab_size={vocab_size} must be positive (0: the problem's default)")
     if vocab_size:
@@ -276,7 +278,9 @@ class TranslateProblem(abc.ABC):
     for index, corpus in enumerate(raw["train"]):
       self._check_read(self.corpora.label(index), corpus)
     try:
-      model_bytes = vocab_lib.train_sentencepiece(sample, self.vocab_size, self.datagen_seed)
+      model_bytes = vocab_lib.train_sentencepiece(
+          sample, self.vocab_size, self.datagen_seed,
+          reserved=(vocab_lib.BT_TAG,) if self.corpora.any_tagged else ())
     except vocab_lib.VocabSizeTooHigh as err:
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
@@ -312,8 +316,9 @@ class TranslateProblem(abc.ABC):
         names = self.shard_names(split, self.num_train_shards)
         copies, alpha = ((self.sampling_copies, self.sampling_alpha) if training[split][1]
                          else (1, 0.0))
+        tag = vocab.reserved_ids() if self.corpora.tagged(training[split][0]) else ()
         written = shards_lib.write_shuffled(vocab, data, [at(n) for n in names], expected,
-                                            self.datagen_seed, copies, alpha)
+                                            self.datagen_seed, copies, alpha, tag)
         expected *= copies  # records: every pass reads the split again
       else:
         names = self.shard_names(split, 1)

@@ -18,7 +18,7 @@ import os
 from t2t_lite.inference.batches import decode_batches
 from t2t_lite.core.errors import UsageError
 from t2t_lite.inference.export import VOCAB_FILE, read_info
-from t2t_lite.data.vocab import EOS_ID, PAD_ID
+from t2t_lite.data.vocab import EOS_ID, PAD_ID, SubwordVocab
 
 
 def t2t_score(ctranslate2_score: float, length: int, alpha: float) -> float:
@@ -45,6 +45,9 @@ class Ctranslate2Decoder:
     processor = spm.SentencePieceProcessor(model_file=self.vocab_file)
     self.pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+    # never written: padding and the vocabulary's reserved pieces (the back-translation tag)
+    self.never = [[self.pieces[i]] for i in (PAD_ID, *SubwordVocab(self.vocab_file)
+                                             .reserved_ids())]
 
   def _translator(self, seed: int | None = None):
     """A CTranslate2 translator of the export; with `seed`, its sampler seeded (CTranslate2
@@ -82,7 +85,7 @@ class Ctranslate2Decoder:
       outputs = translator.translate_batch(
           rows, **search, length_penalty=alpha,
           max_decoding_length=width + self.extra_length, min_decoding_length=0,
-          max_input_length=0, suppress_sequences=[[self.pieces[PAD_ID]]],
+          max_input_length=0, suppress_sequences=self.never,
           return_end_token=True, return_scores=True)
       for i, output in zip(chunk, outputs):
         nbest = []

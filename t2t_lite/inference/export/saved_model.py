@@ -62,12 +62,12 @@ IDS_ONLY_DIR = "ids_only"
 class IdsServing(tf.Module):
   """The model and its search: ids in, ids out (no tokenizer, so no tensorflow-text ops)."""
 
-  def __init__(self, model, max_length: int, options):
+  def __init__(self, model, max_length: int, options, never=()):
     super().__init__(name="t2t_lite_serving")
     from t2t_lite.inference import decode
     self.model = model
-    self._search = decode.Decoder(model, max_length, options.extra_decode_length).search_fn(
-        options.beam_size, options.alpha)
+    self._search = decode.Decoder(model, max_length, options.extra_decode_length,
+                                  never).search_fn(options.beam_size, options.alpha)
     self._max_length = max_length
     self._extra_length = options.extra_decode_length
     self._return_beams = options.return_beams
@@ -90,7 +90,8 @@ class Serving(IdsServing):
   """IdsServing plus the tokenizer, for the strings-in, strings-out signature."""
 
   def __init__(self, model, vocab_file: str, max_length: int, options):
-    super().__init__(model, max_length, options)
+    from t2t_lite.data.vocab import SubwordVocab
+    super().__init__(model, max_length, options, SubwordVocab(vocab_file).reserved_ids())
     import tensorflow_text as tf_text
     self.vocabulary = tf.saved_model.Asset(vocab_file)
     with open(vocab_file, "rb") as f:
