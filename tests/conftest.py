@@ -290,7 +290,8 @@ LONGEST_FIRST = ("test_slurm.py", "test_distribute.py", "test_schedule.py", "tes
                  "test_reliability.py", "test_decode.py", "test_dropout_ramp.py",
                  "test_cluster.py", "test_train.py", "test_resume.py", "test_sampling.py",
                  "test_data.py", "test_model_selection.py", "test_multistep.py",
-                 "test_decode_sampling.py", "test_ensemble.py", "test_cooldown.py",
+                 "test_decode_sampling.py", "test_ensemble.py", "test_back_translation.py",
+                 "test_cooldown.py",
                  "test_workflow.py", "test_bench.py", "test_stream.py", "test_translate_all.py",
                  "test_formats.py", "test_hparams_read.py", "test_adaptation.py",
                  "test_mixed_precision.py", "test_ema.py")
