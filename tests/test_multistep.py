@@ -128,7 +128,10 @@ def test_plan_arithmetic():
 
 
 def test_xla_compiled_passes_give_the_same_loss_gradients_and_dropout_masks():
-  hparams = tiny_hparams()  # dropout on: the masks must be the same bits under XLA
+  """Dropout on, its residual rate a tensor (a ramp: 0.1 at update 1, rising to 0.3 at 4):
+  the masks must be the same bits under XLA. (test_dropout_ramp shows that a tensor rate
+  draws the masks of the same constant rate, so XLA's tensor rate does too.)"""
+  hparams = tiny_hparams(dropout_ramp_initial=0.1, dropout_ramp_start=0, dropout_ramp_end=4)
   assert hparams.layer_prepostprocess_dropout > 0 and hparams.relu_dropout > 0
   # Two micro-batches (two dropout seeds) of one shape: XLA compiles a shape once, and the
   # ragged case is the accumulation's, tested above.

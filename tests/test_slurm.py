@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import BIN, NO_EVAL_FLAGS, REPO, cli
+from conftest import BIN, NO_EVAL_FLAGS, REPO, TINY_HPARAMS, cli
 
 SCRIPT = os.path.join(REPO, "data_scripts", "slurm_transformer_base.sbatch")
 
@@ -131,10 +131,13 @@ def test_sbatch_trains_stops_on_scancel_and_resumes_exactly(slurm, multi30k_data
   assert second.count("resumed from ") == 2, second[-3000:]
   assert second.count(f"trained {updates + 2} updates") == 2, second[-3000:]
 
+  # The unbroken run: one process reading the same stream, 2 x 2 micro-batches an update
+  # (2 tasks x n = 2 read batches 4u..4u+3 of update u, as one replica with n = 4 does)
   unbroken = str(tmp_path / "unbroken")
-  cli("t2t-lite-trainer", *NO_EVAL_FLAGS, f"--data_dir={multi30k_data}",
-      f"--output_dir={unbroken}", f"--train_steps={updates + 2}", "--strategy=mirrored",
-      "--cpu_replicas=2", check=True)
+  one_process = [f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=4"
+                 if flag.startswith("--hparams=") else flag for flag in NO_EVAL_FLAGS]
+  cli("t2t-lite-trainer", *one_process, f"--data_dir={multi30k_data}",
+      f"--output_dir={unbroken}", f"--train_steps={updates + 2}", check=True)
   expected, got = _model_values(unbroken), _model_values(output_dir)
   assert expected.keys() == got.keys() and len(got) > 20
   scale = max(float(np.abs(v).max()) for v in expected.values())
