@@ -22,6 +22,10 @@ from t2t_lite.inference.export import ctranslate2_decoder, ctranslate2_model
 from t2t_lite.data.vocab import SubwordVocab
 
 SENTENCES = 50
+# The output cap past the longest source of a batch: tiny_run's 4 updates never end a
+# sentence, so every output runs to the cap; a short one decodes the same way in less time,
+# and every export and decode here uses it.
+EXTRA = 12
 UMLAUTS = "Zwei Männer überqueren eine Straße in München."
 # Inserted among the test sentences: an empty line, a blank one, umlauts.
 EXTRA_LINES = {10: "", 20: "   ", 30: UMLAUTS}
@@ -87,18 +91,20 @@ def exported(tiny_run, source, tmp_path_factory):
   decode_args = ["--decode_from_file=" + source["path"]]
   started = [
       _start("t2t-lite-exporter", f"--output_dir={run}", f"--export_dir={dirs['sm_beam']}",
-             "--decode_hparams=beam_size=4,alpha=0.6,return_beams=true"),
+             f"--decode_hparams=beam_size=4,alpha=0.6,return_beams=true,extra_decode_length={EXTRA}"),
       # One batch holds every line, as one SavedModel call does.
       _start("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}", *decode_args,
-             "--decode_hparams=beam_size=1,batch_size=100000",
+             f"--decode_hparams=beam_size=1,batch_size=100000,extra_decode_length={EXTRA}",
              f"--decode_to_file={out['tf_greedy']}"),
       _start("t2t-lite-decoder", f"--output_dir={tiny_run['output_dir']}", *decode_args,
-             "--decode_hparams=beam_size=4,alpha=0.6,batch_size=100000",
+             f"--decode_hparams=beam_size=4,alpha=0.6,batch_size=100000,extra_decode_length={EXTRA}",
              f"--decode_to_file={out['tf_beam']}"),
   ]
   # Meanwhile here (TensorFlow is imported already): what t2t-lite-exporter does.
-  export.export_run(str(run), dirs["sm_greedy"], decode_hparams="beam_size=1")
-  export.export_run(str(run), dirs["ct2"], "ctranslate2")
+  export.export_run(str(run), dirs["sm_greedy"],
+                    decode_hparams=f"beam_size=1,extra_decode_length={EXTRA}")
+  export.export_run(str(run), dirs["ct2"], "ctranslate2",
+                    decode_hparams=f"extra_decode_length={EXTRA}")
   _finish(started)
   shutil.rmtree(run)
   shutil.rmtree(data)
@@ -233,7 +239,7 @@ def test_ctranslate2_greedy_ids_and_bleu_match_ours(exported, served, source, ti
   ours = [row[:row.index(1)] if 1 in row else row for row in ours]
   sources = [vocab.encode(source["lines"][i].strip()) for i in lines]
   # One thread: the ids do not depend on it, and OpenMP threads crawl on a busy machine.
-  theirs = ctranslate2_decoder.Ctranslate2Decoder(exported["dirs"]["ct2"], 50, 1).translate_ids(
+  theirs = ctranslate2_decoder.Ctranslate2Decoder(exported["dirs"]["ct2"], EXTRA, 1).translate_ids(
       sources, 1, 0.6, batch_size=0)
   same = sum(a == b for a, b in zip(ours, theirs))
   assert same >= 0.99 * len(ours), f"{same} of {len(ours)} greedy outputs identical"
@@ -441,7 +447,7 @@ def test_ctranslate2_samples_with_the_same_options(exported, source, tiny_run):
   the top-k set (checked through ours: each drawn token among the 3 likeliest)."""
   vocab = SubwordVocab(vocab_path(tiny_run["data_dir"]))
   sources = [vocab.encode(line.strip()) for line in source["lines"][:12] if line.strip()]
-  decoder = ctranslate2_decoder.Ctranslate2Decoder(exported["dirs"]["ct2"], 50, 1)
+  decoder = ctranslate2_decoder.Ctranslate2Decoder(exported["dirs"]["ct2"], EXTRA, 1)
   draw = lambda **options: decoder.translate_nbest(  # noqa: E731
       sources, 1, 0.6, batch_size=0, sampling=decode.Sampling(**options))
   first = draw(seed=3, top_k=3, samples=2)
