@@ -272,19 +272,7 @@ class TranslateProblem(abc.ABC):
       self._check_read(split, raw[split])
     raw["train"] = self.corpora.raw(self.read_raw("train", tmp_dir), self.source_lang,
                                     self.target_lang)
-    sample = vocab_lib.reservoir_sample(
-        (sentence for corpus in raw["train"] for sentence in corpus.sentences()),
-        vocab_lib.SAMPLE_SENTENCES, self.datagen_seed)
-    for index, corpus in enumerate(raw["train"]):
-      self._check_read(self.corpora.label(index), corpus)
-    try:
-      model_bytes = vocab_lib.train_sentencepiece(
-          sample, self.vocab_size, self.datagen_seed,
-          reserved=(vocab_lib.BT_TAG,) if self.corpora.any_tagged else ())
-    except vocab_lib.VocabSizeTooHigh as err:
-      raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
-                       f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
-    del sample
+    model_bytes = self._train_vocab(raw["train"])
     folder = f"{self.name}.data-{int(time.time())}-{files_lib.writer_tag()}"
     os.makedirs(os.path.join(data_dir, folder))  # nothing reads it until the manifest says so
     try:
@@ -300,6 +288,23 @@ class TranslateProblem(abc.ABC):
       _remove_data(data_dir, old, os.path.basename(self.vocab_file("", old)))
     manifest["skipped"] = False
     return older_formats.data_manifest(manifest)
+
+  def _train_vocab(self, corpora: list) -> bytes:
+    """The sentencepiece model (its file's bytes) of a seeded sample of the training corpora'
+    sentences (read once, each corpus checked as it is), holding the back-translation tag
+    whole where a corpus is tagged."""
+    sample = vocab_lib.reservoir_sample(
+        (sentence for corpus in corpora for sentence in corpus.sentences()),
+        vocab_lib.SAMPLE_SENTENCES, self.datagen_seed)
+    for index, corpus in enumerate(corpora):
+      self._check_read(self.corpora.label(index), corpus)
+    try:
+      return vocab_lib.train_sentencepiece(
+          sample, self.vocab_size, self.datagen_seed,
+          reserved=(vocab_lib.BT_TAG,) if self.corpora.any_tagged else ())
+    except vocab_lib.VocabSizeTooHigh as err:
+      raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
+                       f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
 
   def _write_files(self, data_dir: str, folder: str, inputs: dict, raw: dict,
                    model_bytes: bytes) -> dict:
