@@ -110,25 +110,28 @@ def _mix(x):
   return tf.bitwise.bitwise_xor(x, shift(x, 16))
 
 
-def uniform_noise(seed: int, rows, step, vocab: int):
-  """[len(rows), vocab] numbers in (0, 1), a hash of (seed, row, step, token): the same for
-  the same four whatever else is decoded alongside."""
+def uniform_noise(seed: int, rows, step, tokens):
+  """[len(rows), T] numbers in (0, 1) for the token ids `tokens` ([T], or [len(rows), T]),
+  a hash of (seed, row, step, token): the same for the same four whatever else is decoded
+  alongside, and whichever tokens are asked for with it."""
   key = _mix(tf.bitwise.bitwise_xor(tf.cast(rows, tf.uint32),
                                     _mix(tf.constant(seed % 2 ** 32, tf.uint32))))
   key = _mix(tf.bitwise.bitwise_xor(key, tf.cast(step, tf.uint32)))
-  tokens = tf.cast(tf.range(vocab), tf.uint32) * tf.constant(0x9E3779B9, tf.uint32)
-  bits = _mix(tf.bitwise.bitwise_xor(key[:, None], tokens[None, :]))
+  tokens = tf.cast(tokens, tf.uint32) * tf.constant(0x9E3779B9, tf.uint32)
+  if tokens.shape.rank == 1:
+    tokens = tokens[None, :]
+  bits = _mix(tf.bitwise.bitwise_xor(key[:, None], tokens))
   top24 = tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32))
   return (tf.cast(top24, tf.float32) + 0.5) / float(2 ** 24)
 
 
 def allowed_logits(masked, sampling: Sampling):
-  """The logits [N, V] at the sampling temperature, those outside the top_k and the top_p
-  nucleus at -inf (the most likely token always stays)."""
-  logits = masked / sampling.temperature
+  """(The logits [N, C] at the sampling temperature with those outside the top_p nucleus at
+  -inf (the most likely token always stays), their token ids [N, C] or None for all V): C is
+  top_k where it is set (the k likeliest only), else the vocabulary."""
+  logits, tokens = masked / sampling.temperature, None
   if sampling.top_k:
-    kth = tf.math.top_k(logits, k=min(sampling.top_k, logits.shape[-1])).values[:, -1:]
-    logits = tf.where(logits < kth, -float("inf"), logits)
+    logits, tokens = tf.math.top_k(logits, k=min(sampling.top_k, logits.shape[-1]))
   if sampling.top_p < 1.0:
     probs = tf.nn.softmax(logits)
     ordered = tf.sort(probs, axis=-1, direction="DESCENDING")
@@ -136,7 +139,7 @@ def allowed_logits(masked, sampling: Sampling):
     kept = tf.maximum(tf.reduce_sum(tf.cast(before < sampling.top_p, tf.int32), axis=-1), 1)
     least = tf.gather(ordered, kept[:, None] - 1, batch_dims=1)
     logits = tf.where(probs < least, -float("inf"), logits)
-  return logits
+  return logits, tokens
 
 
 def sampled_tokens(masked, rows, step, sampling: Sampling):
@@ -144,10 +147,13 @@ def sampled_tokens(masked, rows, step, sampling: Sampling):
   rule with `uniform_noise` (argmax at temperature 0)."""
   if sampling.temperature == 0:
     return tf.argmax(masked, axis=-1, output_type=tf.int32)
-  logits = allowed_logits(masked, sampling)
-  gumbel = -tf.math.log(-tf.math.log(uniform_noise(sampling.seed, rows, step,
-                                                   masked.shape[-1])))
-  return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
+  logits, tokens = allowed_logits(masked, sampling)
+  # with top_k, the noise of the k candidates only: the same draw as over the whole
+  # vocabulary (the noise is a function of the token id, the others are at -inf)
+  noise = uniform_noise(sampling.seed, rows, step,
+                        tf.range(masked.shape[-1]) if tokens is None else tokens)
+  best = tf.argmax(logits - tf.math.log(-tf.math.log(noise)), axis=-1, output_type=tf.int32)
+  return best if tokens is None else tf.gather(tokens, best[:, None], batch_dims=1)[:, 0]
 
 
 def sample_search(model, inputs, decode_length, rows, alpha: float, sampling: Sampling,
