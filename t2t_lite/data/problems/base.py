@@ -97,14 +97,12 @@ class TranslateProblem(abc.ABC):
     return {}
 
   def configure(self, vocab_size: int = 0, sampling_copies: int = 0,
-                sampling_alpha: float = 0.0, corpora=(), back_translated=(),
-                **options) -> None:
+                sampling_alpha: float = 0.0, corpora=(), back_translated=(), **options) -> None:
     """Datagen options: a vocabulary size other than the problem's (0: keep it), subword
     sampling of the training split (`sampling_copies` segmentations of every pair, drawn at
     `sampling_alpha`; 0 copies: the one best segmentation), more training corpora
-    (`corpora`: --corpus entries, see problems.corpora; `back_translated`: the names of
-    those whose sources are tagged), and problem-specific ones (e.g. languages for a folder
-    corpus)."""
+    (`corpora`, `back_translated`: --corpus and --back_translated, see data.corpora), and
+    problem-specific ones (e.g. languages for a folder corpus)."""
     self.corpora = TrainingCorpora(corpora, back_translated)
     if vocab_size < 0:
       raise UsageError(f"--vocab_size={vocab_size} must be positive (0: the problem's default)")
@@ -290,18 +288,15 @@ class TranslateProblem(abc.ABC):
     return older_formats.data_manifest(manifest)
 
   def _train_vocab(self, corpora: list) -> bytes:
-    """The sentencepiece model (its file's bytes) of a seeded sample of the training corpora'
-    sentences (read once, each corpus checked as it is), holding the back-translation tag
-    whole where a corpus is tagged."""
+    """The vocabulary's model file (bytes), from a seeded sample of the training sentences."""
     sample = vocab_lib.reservoir_sample(
         (sentence for corpus in corpora for sentence in corpus.sentences()),
         vocab_lib.SAMPLE_SENTENCES, self.datagen_seed)
     for index, corpus in enumerate(corpora):
       self._check_read(self.corpora.label(index), corpus)
+    reserved = (vocab_lib.BT_TAG,) if self.corpora.any_tagged else ()  # tagged back-translation
     try:
-      return vocab_lib.train_sentencepiece(
-          sample, self.vocab_size, self.datagen_seed,
-          reserved=(vocab_lib.BT_TAG,) if self.corpora.any_tagged else ())
+      return vocab_lib.train_sentencepiece(sample, self.vocab_size, self.datagen_seed, reserved)
     except vocab_lib.VocabSizeTooHigh as err:
       raise UsageError(f"the {self.name} training text is too small for a {self.vocab_size}-piece "
                        f"vocabulary (at most {err.limit}); pass a smaller --vocab_size") from None
