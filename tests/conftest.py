@@ -118,20 +118,9 @@ def mixed_data(tmp_path_factory) -> str:
   corpus, "flickr" (weight 3), and pairs 20,000-20,999 as "other" (weight 1, a folder:
   root/other), with 2 sampled segmentations of every pair (dev and test: 200 lines; the raw
   files in root/raw, the data in root/data)."""
-  import gzip
-
   def build(root):
     raw, other = root / "raw", root / "other"
-    raw.mkdir()
-    other.mkdir()
-    for split, keep in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
-      for lang in ("en", "de"):
-        with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
-          lines = f.read().splitlines(keepends=True)
-        with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
-          f.writelines(lines[:keep])
-        if split == "train":
-          (other / f"train.{lang}").write_bytes(b"".join(lines[20000:21000]))
+    multi30k_subset(raw, 3000, 200, other, (20000, 21000))
     data_dir = str(root / "data")
     result = cli("t2t-lite-datagen", *MIXED_DATAGEN, f"--corpus=other:1:{other}",
                  f"--data_dir={data_dir}", f"--tmp_dir={raw}", check=True)
@@ -139,6 +128,24 @@ def mixed_data(tmp_path_factory) -> str:
             "1 (25.0% of the batches; 1000 pairs)") in result.stdout, result.stdout
     return data_dir
   return shared(tmp_path_factory, "mixed_data", build)
+
+
+def multi30k_subset(raw, train: int, held_out: int, other=None, other_lines=(0, 0)) -> None:
+  """Raw Multi30k en-de cut to its first `train` training pairs and `held_out` dev and test
+  lines, in folder `raw`; with `other`, training pairs other_lines[0]:other_lines[1] as a
+  corpus of its own in that folder (train.en, train.de)."""
+  import gzip
+  for folder in (raw, other):
+    if folder is not None:
+      folder.mkdir()
+  for split, keep in (("train", train), ("val", held_out), ("test_2016_flickr", held_out)):
+    for lang in ("en", "de"):
+      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+      with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
+        f.writelines(lines[:keep])
+      if split == "train" and other is not None:
+        (other / f"train.{lang}").write_bytes(b"".join(lines[slice(*other_lines)]))
 
 
 def corpus_state(output_dir: str, name: str | None = None) -> list:

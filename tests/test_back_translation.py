@@ -1,15 +1,13 @@
 """Tagged back-translation: datagen marks a corpus as back-translated, its sources begin with
 the reserved piece <BT>, the run records it, and decoding never writes the piece."""
 
-import gzip
 import json
-import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import cli, multi30k_dir, tiny_hparams
+from conftest import cli, multi30k_subset, tiny_hparams
 from t2t_lite.core import registry
 from t2t_lite.data.vocab import BT_TAG
 from t2t_lite.inference import decode
@@ -23,16 +21,7 @@ def tagged_data(tmp_path_factory):
   back-translated corpus ("bt"); dev and test 100 lines."""
   root = tmp_path_factory.mktemp("tagged")
   raw, bt = root / "raw", root / "bt"
-  raw.mkdir()
-  bt.mkdir()
-  for split, keep in (("train", 1000), ("val", 100), ("test_2016_flickr", 100)):
-    for lang in ("en", "de"):
-      with gzip.open(os.path.join(multi30k_dir(), f"{split}.{lang}.gz"), "rb") as f:
-        lines = f.read().splitlines(keepends=True)
-      with gzip.open(raw / f"{split}.{lang}.gz", "wb") as f:
-        f.writelines(lines[:keep])
-      if split == "train":
-        (bt / f"train.{lang}").write_bytes(b"".join(lines[20000:20500]))
+  multi30k_subset(raw, 1000, 100, bt, (20000, 20500))
   data_dir = str(root / "data")
   result = cli("t2t-lite-datagen", f"--problem={PROBLEM}", "--vocab_size=600",
                "--corpus=flickr:1", f"--corpus=bt:1:{bt}", "--back_translated=bt",
