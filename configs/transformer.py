@@ -55,6 +55,19 @@ def basic_params() -> HParams:
       dropout_ramp_initial=0.0,
       clip_grad_norm=0.0,
       max_consecutive_nonfinite=5,
+      # Ours: a diverging run rolls back and skips the batches that diverged
+      # (t2t_lite.training.recovery): a loss more than divergence_spike_margin nats above
+      # the running mean of the losses (decay divergence_spike_decay per update; 0: no
+      # spike detection) is a divergence, as is a run of max_consecutive_nonfinite; at most
+      # divergence_max_recoveries rollbacks (0: stop at the first), each followed by
+      # recovery_lr_updates updates at recovery_lr_factor x the learning rate. float16
+      # continues in float32 once the loss scale sat at 1 for float16_fallback_updates.
+      divergence_spike_margin=2.0,
+      divergence_spike_decay=0.98,
+      divergence_max_recoveries=3,
+      recovery_lr_factor=0.5,
+      recovery_lr_updates=100,
+      float16_fallback_updates=20,
       # Ours: parts that do not train, e.g. "embeddings;decoder.0-1" (hparams_check).
       frozen_parts="",
       # Ours: a moving average of the weights (t2t_lite.runs.ema), decaying by ema_decay per

@@ -76,9 +76,13 @@ def test_nothing_is_read_between_due_updates():
     assert decide(Progress(tried, 0), NOTHING, schedule) == Actions()
 
 
-def test_timed_saves_need_no_read():
+def test_a_timed_save_reads_first():
+  """A save always follows a read of the window, so that a divergence the device noticed
+  is acted on before anything is saved (training.recovery)."""
   schedule = Schedule(train_steps=10, log_every=5, evaluation=Evaluation(frequency=0))
-  assert decide(Progress(3, 0), Agreed(timed_save=True), schedule) == Actions(save=True)
+  assert decide(Progress(3, 0), Agreed(timed_save=True), schedule) == Actions(read=True)
+  assert decide(Progress(3, 0, applied=3), Agreed(timed_save=True), schedule) == Actions(
+      save=True)
   done, _ = run(schedule, agreed_at={3: Agreed(timed_save=True)})
   assert done[0] == (3, Actions(save=True))
 

@@ -17,7 +17,6 @@ from t2t_lite.training import steps
 from t2t_lite.core.errors import RunError, UsageError
 from t2t_lite.training.learner import Learner
 from t2t_lite.models import transformer
-from t2t_lite.training.train_log import NonFiniteGuard
 
 VOCAB = 40
 # Changed values for hparams whose generic change (+0.05 or x 0.5, +1, not, +"x")
@@ -77,14 +76,37 @@ def _plan(hparams, train_file):
 
 
 def _guard(hparams, train_file):
-  guard, tolerated = NonFiniteGuard(hparams.max_consecutive_nonfinite), 0
+  """The divergence detector and the recovery's plan on fixed updates: which losses are
+  spikes and the running mean after them, the update at which a run of non-finite ones is
+  noticed, after how many updates at the minimum float16 scale the run falls back, whether a
+  4th rollback is allowed, the learning-rate factor around the end of a lowered span."""
+  from types import SimpleNamespace
+  from t2t_lite.training.divergence import DivergenceState
+  from t2t_lite.training.learner import Window
+  from t2t_lite.training.recovery import Recovery
+  state, window, scalar = DivergenceState(hparams), Window(), tf.constant
+  spikes = [bool(state.judge(scalar(loss), scalar(True)))
+            for loss in (6.0, 5.0, 5.5, 6.0, 7.2, 9.0, 5.0)]
+  for update in range(1, 12):  # non-finite from update 2
+    stats = dict(finite=scalar(update == 1), overflow=scalar(False), loss=scalar(1.0),
+                 tokens=scalar(1.0), learning_rate=scalar(1.0), grad_norm=scalar(1.0),
+                 spike=scalar(False), loss_mean=scalar(0.0), float16_due=scalar(False))
+    window.record(stats, scalar(update, tf.int64), scalar(update, tf.int64), tf.zeros([3]),
+                  scalar(update - 1, tf.int64), state.max_consecutive)
+  due = [bool(state.count_min_scale(scalar(True))) for _ in range(30)]
+  recovery = Recovery(SimpleNamespace(divergence=state), hparams, 1, None)
+  state.recoveries.assign(3)
+  state.history.assign(np.array([[4, 8, 10, 2]] * 3 + [[0] * 4] * 61, np.int64))
   try:
-    while tolerated < 100:
-      guard.check(tolerated + 1, 0)
-      tolerated += 1
+    recovery.check(dict(diverged=2, diverged_update=9, updates_done=9, diverged_loss=9.0,
+                        diverged_mean=5.0, consecutive=0), None)
+    allowed = True
   except RunError:
-    pass
-  return tolerated
+    allowed = False
+  state.lowered.assign(recovery.lowered_span(10))
+  factors = [float(state.lr_factor(scalar(u, tf.int64))) for u in (9, 10, 109, 110, 111)]
+  return (spikes, round(float(state.mean()), 6), int(window.diverged_update.numpy()),
+          due.index(True), allowed, factors)
 
 
 def _batches(hparams, train_file, pad_to_bucket_boundary=False):
@@ -183,7 +205,10 @@ def test_every_hparam_is_read_or_refused(train_file):
                            "ema_reference_tokens", "corpus_weights"}, refusals
   assert read_by["ema_decay"] == read_by["frozen_parts"] == "_optimizer"
   assert read_by["dropout_ramp_end"] == "_optimizer"
-  assert read_by["max_consecutive_nonfinite"] == "_guard"
+  assert {read_by[name] for name in (
+      "max_consecutive_nonfinite", "divergence_spike_margin", "divergence_spike_decay",
+      "divergence_max_recoveries", "recovery_lr_factor", "recovery_lr_updates",
+      "float16_fallback_updates")} == {"_guard"}
   assert read_by["optimizer_adam_beta1"] == read_by["clip_grad_norm"] == "_optimizer"
   assert read_by["min_length_bucket"] == "_data" and read_by["label_smoothing"] == "_model"
 

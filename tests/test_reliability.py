@@ -101,11 +101,12 @@ def test_nonfinite_updates_are_skipped_counted_and_too_many_stop_the_run(multi30
                                                                          tmp_path):
   """A NaN in update 2's first try (micro-step 3 of 4) skips that try; update 2 is then made
   of micro-steps 5-6 and saved. From micro-step 7 every try is NaN: the third in a row stops
-  the run with the last good checkpoint, which counts the one skip before it."""
+  a run that may not recover (divergence_max_recoveries=0; tests/test_recovery.py) with the
+  last good checkpoint, which counts the one skip before it."""
   output_dir = tmp_path / "run"
   result = cli("t2t-lite-trainer", *FLAGS[:-1], "--train_steps=10",
                f"--hparams={TINY_HPARAMS},optimizer_multistep_accumulate_steps=2,"
-               "max_consecutive_nonfinite=3",
+               "max_consecutive_nonfinite=3,divergence_max_recoveries=0",
                f"--data_dir={multi30k_data}", f"--output_dir={output_dir}",
                env={"T2T_LITE_FAULT": "nan:3,7,8,9,10,11,12"})
   assert ("non-finite loss or gradient at update 2 (micro-step 4): update skipped, "
@@ -116,7 +117,9 @@ def test_nonfinite_updates_are_skipped_counted_and_too_many_stop_the_run(multi30
   assert result.returncode == 1
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("t2t-lite-trainer: error: 3 updates in a row had a non-finite loss")
-  assert "The last good checkpoint is kept" in last
+  assert last.endswith("stopped (divergence_max_recoveries=0). The last good checkpoint, "
+                       "ckpt-6, is kept; lower learning_rate_constant or set clip_grad_norm, "
+                       "then resume"), last
   assert "Traceback" not in result.stderr
   latest = tf.train.latest_checkpoint(str(output_dir))
   assert os.path.basename(latest) == "ckpt-6"

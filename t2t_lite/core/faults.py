@@ -10,13 +10,19 @@
   evaluate:K  SIGKILL as this process's K-th evaluation begins (its update saved, not yet
             evaluated);
   nan:K,L,...  poison the loss of micro-steps K, L, ... (1-based) with NaN, so the
-            non-finite guard and the loss scale can be tested on real runs;
+            non-finite guard and the loss scale can be tested on real runs (the gradient
+            only: under float16 loss scaling, an overflow);
+  spike:K,L,...  multiply the loss of micro-steps K, L, ... by 30, gradient included (a
+            finite loss spike, for the divergence detector);
+  rollback:K  SIGKILL right after this process's K-th rollback of a diverging run (the
+            checkpoint restored, the batches to skip not yet reached);
   export:written  SIGKILL once an export is complete in its temporary directory, just
             before it is renamed into place.
   datagen:written  SIGKILL once a datagen's files are all written, just before its
             manifest is renamed into place.
+Several faults are joined by ";" (`spike:7;micro:10`), each acting as if alone.
 Production code always calls `loss`, `after_micro_step`, `save`, `evaluating`,
-`export_written` and `datagen_written`;
+`rolled_back`, `export_written` and `datagen_written`;
 without the variable they are the plain versions, so no code path branches on faults (`loss`
 is applied when the step is traced: without a nan fault the traced graph is unchanged).
 """
@@ -28,13 +34,19 @@ import os
 import signal
 
 ENV = "T2T_LITE_FAULT"
+SPIKE_FACTOR = 30.0
 
 
 class NoFaults:
   """The production behaviour."""
 
   def loss(self, loss, micro_step):
-    """The loss of the micro-step numbered `micro_step` (1-based; a tensor), as traced."""
+    """The loss of the micro-step numbered `micro_step` (1-based; a tensor), as traced, that
+    the gradient is taken of."""
+    return loss
+
+  def reported_loss(self, loss, micro_step):
+    """The loss that micro-step reports (counted in the update's loss), as traced."""
     return loss
 
   def after_micro_step(self, micro_step: int, request_stop) -> None:
@@ -45,6 +57,9 @@ class NoFaults:
 
   def evaluating(self) -> None:
     """Called as an evaluation during training begins."""
+
+  def rolled_back(self) -> None:
+    """Called when a diverging run has restored the checkpoint it rolls back to."""
 
   def export_written(self) -> None:
     """Called when an export is complete, before it is renamed into place."""
@@ -58,15 +73,19 @@ class InjectedFault(NoFaults):
   def __init__(self, kind: str, at):
     """`at`: a micro-step or save number; for kind "nan", the poisoned micro-steps."""
     self.kind, self.at = kind, at
-    self._saves = self._evaluations = 0
+    self._saves = self._evaluations = self._rollbacks = 0
 
   def loss(self, loss, micro_step):
-    if self.kind != "nan":
+    if self.kind not in ("nan", "spike"):
       return loss
     import tensorflow as tf
     poisoned = tf.reduce_any(tf.equal(tf.cast(micro_step, tf.int64),
                                       tf.constant(self.at, tf.int64)))
-    return loss * tf.where(poisoned, float("nan"), 1.0)
+    return loss * tf.where(poisoned, float("nan") if self.kind == "nan" else SPIKE_FACTOR, 1.0)
+
+  def reported_loss(self, loss, micro_step):
+    """The loss the update reports: a spike's, poisoned as its gradient is."""
+    return self.loss(loss, micro_step) if self.kind == "spike" else loss
 
   def after_micro_step(self, micro_step: int, request_stop) -> None:
     if micro_step == self.at and self.kind == "micro":
@@ -86,6 +105,11 @@ class InjectedFault(NoFaults):
                     os.path.join(manager.directory, f"ckpt-{number}"))
     return super().save(manager, checkpoint, number)
 
+  def rolled_back(self) -> None:
+    self._rollbacks += 1
+    if self.kind == "rollback" and self._rollbacks == self.at:
+      os.kill(os.getpid(), signal.SIGKILL)
+
   def evaluating(self) -> None:
     self._evaluations += 1
     if self.kind == "evaluate" and self._evaluations == self.at:
@@ -100,16 +124,66 @@ class InjectedFault(NoFaults):
       os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Faults(NoFaults):
+  """Several faults, each acting as if alone (in the order given)."""
+
+  def __init__(self, faults: list[InjectedFault]):
+    self.faults = faults
+
+  def loss(self, loss, micro_step):
+    for fault in self.faults:
+      loss = fault.loss(loss, micro_step)
+    return loss
+
+  def reported_loss(self, loss, micro_step):
+    for fault in self.faults:
+      loss = fault.reported_loss(loss, micro_step)
+    return loss
+
+  def after_micro_step(self, micro_step: int, request_stop) -> None:
+    for fault in self.faults:
+      fault.after_micro_step(micro_step, request_stop)
+
+  def save(self, manager, checkpoint, number: int) -> str:
+    saving = [fault for fault in self.faults if fault.kind in ("save", "nospace")]
+    return (saving[0] if saving else super()).save(manager, checkpoint, number)
+
+  def evaluating(self) -> None:
+    for fault in self.faults:
+      fault.evaluating()
+
+  def rolled_back(self) -> None:
+    for fault in self.faults:
+      fault.rolled_back()
+
+  def export_written(self) -> None:
+    for fault in self.faults:
+      fault.export_written()
+
+  def datagen_written(self) -> None:
+    for fault in self.faults:
+      fault.datagen_written()
+
+
+def _one(spec: str) -> InjectedFault:
+  if spec in ("export:written", "datagen:written"):
+    return InjectedFault(spec.split(":")[0], 0)
+  kind, _, at = spec.partition(":")
+  if kind in ("nan", "spike") and at and all(step.isdigit() for step in at.split(",")):
+    return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
+  if kind not in ("micro", "save", "signal", "nospace", "raise", "evaluate", "rollback") or \
+      not at.isdigit():
+    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nospace:K, "
+                     "raise:K, evaluate:K, rollback:K, nan:K,L,..., spike:K,L,..., "
+                     "export:written or datagen:written, or several joined by ';'")
+  return InjectedFault(kind, int(at))
+
+
 def from_environment() -> NoFaults:
   spec = os.environ.get(ENV, "")
   if not spec:
     return NoFaults()
-  if spec in ("export:written", "datagen:written"):
-    return InjectedFault(spec.split(":")[0], 0)
-  kind, _, at = spec.partition(":")
-  if kind == "nan" and at and all(step.isdigit() for step in at.split(",")):
-    return InjectedFault(kind, tuple(int(step) for step in at.split(",")))
-  if kind not in ("micro", "save", "signal", "nospace", "raise", "evaluate") or not at.isdigit():
-    raise ValueError(f"{ENV}={spec!r}: expected micro:K, save:K, signal:K, nospace:K, "
-                     "raise:K, evaluate:K, nan:K,L,..., export:written or datagen:written")
-  return InjectedFault(kind, int(at))
+  faults = [_one(part.strip()) for part in spec.split(";") if part.strip()]
+  if sum(fault.kind in ("save", "nospace") for fault in faults) > 1:
+    raise ValueError(f"{ENV}={spec!r}: at most one fault of the saves (save:K or nospace:K)")
+  return faults[0] if len(faults) == 1 else Faults(faults)

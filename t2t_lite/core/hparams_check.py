@@ -146,6 +146,17 @@ def _fraction(hparams, *names) -> None:
       raise UsageError(f"{name}={value}: must be in [0, 1)")
 
 
+def check_recovery(hparams) -> None:
+  """The divergence detector's and the recovery's hparams (training.recovery)."""
+  _fraction(hparams, "divergence_spike_decay")
+  if hparams.divergence_max_recoveries > 64:
+    raise UsageError(f"divergence_max_recoveries={hparams.divergence_max_recoveries}: at most "
+                     "64 (the rollbacks a checkpoint records)")
+  if not 0.0 < hparams.recovery_lr_factor <= 1.0:
+    raise UsageError(f"recovery_lr_factor={hparams.recovery_lr_factor}: must be in (0, 1] "
+                     "(1: the learning rate is not lowered after a rollback)")
+
+
 def check(hparams) -> None:
   """A usage error for the first value the code does not implement."""
   if hparams.optimizer.strip().lower() not in OPTIMIZERS:
@@ -155,10 +166,12 @@ def check(hparams) -> None:
   check_schedule(hparams)
   _at_least(hparams, 1, "hidden_size", "filter_size", "num_heads", "num_encoder_layers",
             "num_decoder_layers", "max_length", "min_length_bucket",
-            "optimizer_multistep_accumulate_steps", "max_consecutive_nonfinite")
+            "optimizer_multistep_accumulate_steps", "max_consecutive_nonfinite",
+            "float16_fallback_updates")
   _at_least(hparams, 0, "effective_batch_tokens", "learning_rate_warmup_steps",
             "clip_grad_norm", "learning_rate_constant", "subword_sampling_start",
-            "subword_sampling_min_updates")
+            "subword_sampling_min_updates", "divergence_spike_margin",
+            "divergence_max_recoveries", "recovery_lr_updates")
   _fraction(hparams, "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
             "label_smoothing", "optimizer_adam_beta1", "optimizer_adam_beta2")
   if hparams.learning_rate_cooldown != COOLDOWN and not has_cooldown(hparams):
@@ -172,6 +185,7 @@ def check(hparams) -> None:
                      "factor of learning_rate_schedule spans)")
   check_dropout_ramp(hparams)
   check_ema(hparams)
+  check_recovery(hparams)
   frozen_parts(hparams)
   if hparams.corpus_weights.strip():
     parse_corpus_weights(hparams.corpus_weights)

@@ -103,6 +103,15 @@ class MixedStream(stream_lib.TrainingStream):
     self._peeked = ((micro_step, sampled_from, update), planned)
     return planned[0]
 
+  def skip_to(self, micro_step: int, sampled_from: int, update: int) -> None:
+    """The position moves past the micro-steps before `micro_step` as if they were read
+    (each drawn by the weights of update `update`), without reading them."""
+    taken, tokens = self.taken, self.tokens
+    for skipped in range(self.at, micro_step):
+      _, taken, tokens = self._plan(skipped, sampled_from, update, taken, tokens)
+    self.taken, self.tokens, self.at = taken, tokens, micro_step
+    self._ahead = self._peeked = None
+
   def micro_batches(self, micro_step: int, sampled_from: int = -1, update: int = 1) -> list:
     """As TrainingStream's; the position moves past `micro_step` once its batches are read."""
     batches = super().micro_batches(micro_step, sampled_from, update)

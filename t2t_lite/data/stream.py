@@ -247,5 +247,10 @@ class TrainingStream:
     self.examples_read += sum(len(batch["targets"]) for batch in batches)
     return batches
 
+  def skip_to(self, micro_step: int, sampled_from: int, update: int) -> None:
+    """The run goes on at `micro_step`, past the micro-batches before it (a recovery's
+    skip): here a pure function of the micro-step, so only the batches read ahead go."""
+    self._ahead = None
+
   def close(self) -> None:
     self._pool.shutdown(wait=True, cancel_futures=True)

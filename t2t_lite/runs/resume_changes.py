@@ -94,6 +94,18 @@ HPARAMS: dict[str, Change] = {
                        "starts at the next update's weights; turned off, it is dropped"),
     "ema_reference_tokens": _free("the next update's decay counts tokens by the new reference"),
     "max_consecutive_nonfinite": _free("the next non-finite update is judged by the new limit"),
+    "divergence_spike_margin": _free("the next update is judged by the new margin, against "
+                                     "the running mean the checkpoint holds"),
+    "divergence_spike_decay": _free("the running mean the checkpoint holds decays by the new "
+                                    "rate from the next update"),
+    "divergence_max_recoveries": _free("the rollbacks the checkpoint records count against "
+                                       "the new limit"),
+    "recovery_lr_factor": _free("updates still at a lowered learning rate use the new "
+                                "factor"),
+    "recovery_lr_updates": _free("the next rollback lowers the rate for the new number of "
+                                 "updates; one in progress keeps its end"),
+    "float16_fallback_updates": _free("the updates at the minimum scale the checkpoint counts "
+                                      "are judged by the new limit"),
     "frozen_parts": _replanned(
         "Adam's moments and the moving average follow their variables by name: carried for "
         "those that train before and after, fresh for the newly trained, dropped for the "

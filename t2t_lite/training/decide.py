@@ -89,9 +89,9 @@ def every(count: int, update: int) -> bool:
 def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
   """What follows the update that brought the counts to `progress`.
 
-  Before the window is read (`progress.applied` is None) the answer is at most a read and a
-  timed save: a read is due at updates due for a log line, a budget check, a save, an
-  evaluation or the end, and whenever a stop was agreed. Once read, actions keyed to an
+  Before the window is read (`progress.applied` is None) the answer is at most a read: it
+  is due at updates due for a log line, a budget check, a save, an evaluation or the end,
+  and whenever a stop or a timed save was agreed. Once read, actions keyed to an
   update number wait for the update that really reaches it: after skipped updates, the
   applied count is lower than the count tried, and nothing is due until an applied update
   is new. A stop always saves (the final checkpoint), and so does an evaluation, before it
@@ -106,9 +106,11 @@ def decide(progress: Progress, agreed: Agreed, schedule: Schedule) -> Actions:
     due = (tried >= schedule.train_steps or every(schedule.log_every, tried) or
            every(checkpointing.save_steps, tried) or every(frequency, tried) or
            every(schedule.cooldown_every, tried))
-    if due or stop_agreed:
+    # A save always follows a read: a divergence the device noticed is acted on first
+    # (training.recovery), so no checkpoint holds weights past one.
+    if due or stop_agreed or agreed.timed_save:
       return Actions(read=True)
-    return Actions(save=agreed.timed_save)
+    return Actions()
   update = progress.applied
   fresh = update > progress.seen
   stop = (TRAIN_STEPS if update >= schedule.train_steps else EARLY_STOP if agreed.early_stop

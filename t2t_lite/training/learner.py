@@ -23,6 +23,7 @@ from t2t_lite.runs import ema as ema_lib
 from t2t_lite.core import faults as faults_lib
 from t2t_lite.core import hparams_check, registry
 from t2t_lite.models.transformer import compute_dtype
+from t2t_lite.training.divergence import NONFINITE, SPIKE, DivergenceState
 from t2t_lite.training.optimize import Adam, GradientAccumulator, learning_rate, residual_dropout
 from t2t_lite.core.errors import UsageError
 from t2t_lite.training.steps import AccumulateSchedule
@@ -45,11 +46,18 @@ class Window(tf.Module):
   """What the training loop reports about the updates since it last looked, kept on the
   device(s) and written inside the compiled update, so that the host reads nothing between
   its log lines (see Learner.read_window). Not checkpointed: a resumed run starts a new
-  window. `padding`/`slots` are summed per replica (each counts its own batches)."""
+  window. `padding`/`slots` are summed per replica (each counts its own batches).
+
+  A divergence (training.divergence) is latched at the first update that shows it: its kind,
+  update, and the micro-steps [diverged_from, diverged_to) of the updates that diverged."""
 
   COUNTS = ("attempts", "updates", "skipped", "overflows", "consecutive", "last_skip_update",
-            "last_skip_micro_step")
-  SUMS = ("loss", "tokens", "learning_rate", "grad_norm")
+            "last_skip_micro_step", "diverged", "diverged_update", "diverged_from",
+            "diverged_to", "float16_due")
+  SUMS = ("loss", "tokens", "learning_rate", "grad_norm", "diverged_loss", "diverged_mean")
+  # What a read resets; the rest carries over (a run of non-finite updates, the last
+  # update's figures).
+  RESET = ("attempts", "updates", "skipped", "overflows", "diverged", "float16_due")
 
   def __init__(self):
     super().__init__(name="window")
@@ -64,6 +72,8 @@ class Window(tf.Module):
     self.slots = tf.Variable(0.0, name="slots", **local)
     # The cross-replica sum of the flags of the last update (what the workers agreed on).
     self.agreed = tf.Variable(NO_FLAGS, name="agreed", **first)
+    # The first micro-step of the run of non-finite updates in progress.
+    self.run_from = tf.Variable(0, dtype=tf.int64, name="run_from", **first)
 
   def count_batch(self, batch) -> None:
     """Padding and token slots of one replica's micro-batch."""
@@ -72,8 +82,10 @@ class Window(tf.Module):
       self.padding.assign_add(size - tf.cast(tf.math.count_nonzero(ids), tf.float32))
       self.slots.assign_add(size)
 
-  def record(self, stats, micro_step, update, flags) -> None:
-    """One update's outcome (on one device, inside strategy.extended.update)."""
+  def record(self, stats, micro_step, update, flags, first_micro_step,
+             max_consecutive: int) -> None:
+    """One update's outcome (on one device, inside strategy.extended.update): `micro_step`
+    counts the micro-steps after it, `first_micro_step` before it."""
     finite, overflow = stats["finite"], stats["overflow"]
     nonfinite = ~finite & ~overflow
     count = lambda flag: tf.cast(flag, tf.int64)  # noqa: E731
@@ -82,8 +94,13 @@ class Window(tf.Module):
     self.skipped.assign_add(count(nonfinite))
     self.overflows.assign_add(count(overflow))
     # An absorbed float16 overflow neither breaks nor extends a run of non-finite updates.
+    run_from = tf.where(nonfinite & tf.equal(self.consecutive, 0), first_micro_step,
+                        self.run_from)
+    self.run_from.assign(run_from)
     self.consecutive.assign(tf.where(finite, tf.constant(0, tf.int64),
                                      self.consecutive + count(nonfinite)))
+    self._latch(stats, update, micro_step, first_micro_step, run_from,
+                nonfinite & (self.consecutive >= max_consecutive))
     self.last_skip_update.assign(tf.where(nonfinite, update, self.last_skip_update))
     self.last_skip_micro_step.assign(tf.where(nonfinite, micro_step, self.last_skip_micro_step))
     self.loss.assign_add(tf.where(finite, stats["loss"], 0.0))
@@ -91,6 +108,21 @@ class Window(tf.Module):
     for name in ("learning_rate", "grad_norm"):  # of the last applied update
       getattr(self, name).assign(tf.where(finite, stats[name], getattr(self, name)))
     self.agreed.assign(flags)
+    self.float16_due.assign(tf.maximum(self.float16_due, count(stats["float16_due"])))
+
+  def _latch(self, stats, update, micro_step, first_micro_step, run_from, run_reached):
+    """The first divergence since the last read: its kind, update and span."""
+    kind = tf.where(run_reached, tf.constant(NONFINITE, tf.int64),
+                    tf.where(stats["spike"], tf.constant(SPIKE, tf.int64),
+                             tf.constant(0, tf.int64)))
+    new = tf.equal(self.diverged, 0) & (kind > 0)
+    for variable, value in ((self.diverged, kind), (self.diverged_update, update),
+                            (self.diverged_from, tf.where(run_reached, run_from,
+                                                          first_micro_step)),
+                            (self.diverged_to, micro_step),
+                            (self.diverged_loss, stats["loss"]),
+                            (self.diverged_mean, stats["loss_mean"])):
+      variable.assign(tf.where(new, tf.cast(value, variable.dtype), variable))
 
   def take(self) -> dict:
     """The statistics, then a new window (the run of non-finite updates and the last
@@ -98,7 +130,7 @@ class Window(tf.Module):
     values = {name: getattr(self, name).read_value() for name in self.COUNTS + self.SUMS}
     values["padding"], values["slots"] = self.padding.read_value(), self.slots.read_value()
     with tf.control_dependencies(list(values.values())):
-      for name in ("attempts", "updates", "skipped", "overflows"):
+      for name in self.RESET:
         getattr(self, name).assign(tf.constant(0, tf.int64))
       for name in ("loss", "tokens"):
         getattr(self, name).assign(0.0)
@@ -108,6 +140,10 @@ class Window(tf.Module):
     """Replica context: this replica's padding counts back to 0."""
     self.padding.assign(0.0)
     self.slots.assign(0.0)
+
+  def forget_run(self) -> None:
+    """After a rollback: no run of non-finite updates in progress (as in a new process)."""
+    self.consecutive.assign(0)
 
 
 WINDOW_FIELDS = (*Window.COUNTS, *Window.SUMS, "padding", "slots", "updates_done", "micro_step")
@@ -171,6 +207,7 @@ class Learner:
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
       self._make_state(hparams, vocab_size, seed)
+    self.xla_compile = xla_compile
     self._compile(xla_compile)
 
   def _make_state(self, hparams, vocab_size: int, seed: int) -> None:
@@ -208,9 +245,12 @@ class Learner:
                                           hparams.ema_reference_tokens)
                     if ema_lib.enabled(hparams) else None)
     self.window = Window()
-    # float16 needs loss scaling; bfloat16 has float32's range and does not.
+    self.divergence = DivergenceState(hparams)
+    # float16 needs loss scaling; bfloat16 has float32's range and does not. `scaling` turns
+    # False once a float16 run continues in float32 (continue_in_float32).
     self.loss_scale = None
-    if compute_dtype(hparams) == tf.float16:
+    self.scaling = compute_dtype(hparams) == tf.float16
+    if self.scaling:
       self.loss_scale = tf.Variable(2.0 ** 15, trainable=False, name="loss_scale",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.good_updates = tf.Variable(0, name="good_updates", **counter)
@@ -245,7 +285,7 @@ class Learner:
     """What a checkpoint must hold to resume exactly."""
     state = {"model": self.model, "optimizer": self.adam, "micro_step": self.micro_step,
              "skipped_updates": self.skipped_updates, "in_update": self.in_update,
-             "layout": self.layout}
+             "layout": self.layout, "divergence": self.divergence}
     if self.accumulator is not None:
       state["accumulator"] = self.accumulator
     if self.average is not None:
@@ -281,7 +321,8 @@ class Learner:
       loss, tokens = self.model.loss(batch["inputs"], batch["targets"], seed,
                                      residual_rate=rate)
       scaled = self.faults.loss(loss, self.micro_step + 1)  # the loss itself, but in tests
-      if self.loss_scale is not None:
+      loss = self.faults.reported_loss(loss, self.micro_step + 1)
+      if self.scaling:
         # Scale the per-token mean, not the sum: a summed loss times 2^15 would overflow
         # float16. The factor is undone exactly below, in float32.
         scale = self.loss_scale / tf.maximum(tokens, 1.0)
@@ -290,7 +331,7 @@ class Learner:
     # Embedding gradients arrive as IndexedSlices; densify so every path (n = 1 or n > 1)
     # gives Adam the same dense gradient with duplicate ids summed.
     grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
-    if self.loss_scale is not None:
+    if self.scaling:
       grads = [g / scale for g in grads]
     return grads, loss, tokens
 
@@ -327,7 +368,7 @@ class Learner:
   def _distributed_fused_step(self, batch, flags):
     grads, loss, tokens, flags = self.strategy.run(self._fused_gradients, args=(batch, flags))
     *grads, loss, tokens, flags = self._sum_over_replicas([*grads, loss, tokens, flags])
-    stats = self._apply(grads, loss, tokens, flags, self.micro_step + 1)
+    stats = self._apply(grads, loss, tokens, flags, self.micro_step + 1, self.micro_step)
     self.micro_step.assign_add(1)
     return stats
 
@@ -336,7 +377,8 @@ class Learner:
     flags = self.strategy.run(tf.identity, args=(flags,))  # one copy per replica
     *grads, loss, tokens, flags = self._sum_over_replicas(
         [*acc.gradients, acc.loss, acc.tokens, flags])
-    stats = self._apply(grads, loss, tokens, flags, self.micro_step)
+    stats = self._apply(grads, loss, tokens, flags, self.micro_step,
+                        self.micro_step - self.in_update)
     self.strategy.run(acc.reset)
     self.in_update.assign(0)
     return stats
@@ -351,16 +393,17 @@ class Learner:
                   micro_step=self.micro_step.read_value())
     return tf.stack([tf.cast(values[name], tf.float64) for name in WINDOW_FIELDS])
 
-  def _apply(self, grad_sums, loss_sum, tokens, flags, micro_step):
+  def _apply(self, grad_sums, loss_sum, tokens, flags, micro_step, first_micro_step):
     """Divides by the token count, clips, and applies Adam unless something is non-finite:
     on every device at once, each from its own copy of the summed gradients (as Keras
     optimizers do), so no device waits for another's weights or slots to be copied over."""
     stats = self.strategy.extended.update(
         self.variables[0], self._apply_on_device,
-        args=(grad_sums, loss_sum, tokens, flags, micro_step), group=False)
+        args=(grad_sums, loss_sum, tokens, flags, micro_step, first_micro_step), group=False)
     return {name: per_device[0] for name, per_device in stats.items()}  # group=False: tuples
 
-  def _apply_on_device(self, _, grad_sums, loss_sum, tokens, flags, micro_step):
+  def _apply_on_device(self, _, grad_sums, loss_sum, tokens, flags, micro_step,
+                       first_micro_step):
     """The update on one device: the variables and slots read and written here are that
     device's copies (inside strategy.extended.update)."""
     hparams = self.hparams
@@ -371,7 +414,7 @@ class Learner:
     if hparams.clip_grad_norm > 0:
       grads, _ = tf.clip_by_global_norm(grads, hparams.clip_grad_norm, use_norm=norm)
     update = self.adam.iterations + 1
-    lr = learning_rate(hparams, update, self.cooldown_end)
+    lr = learning_rate(hparams, update, self.cooldown_end) * self.divergence.lr_factor(update)
 
     def apply():
       self.adam.apply(grads, self.variables, lr)
@@ -384,16 +427,21 @@ class Learner:
       return tf.constant(False)
 
     tf.cond(finite, apply, skip)
-    overflow = tf.constant(False)
-    if self.loss_scale is not None:
+    overflow = float16_due = tf.constant(False)
+    if self.scaling:
       # Under float16 loss scaling, a finite loss with a non-finite gradient is an overflow
       # that lowering the scale handles, not a sign of a diverging run; at the minimum
       # scale nothing is left to lower, and it counts as non-finite.
       overflow = tf.math.is_finite(loss_sum) & ~finite & (self.loss_scale > MIN_LOSS_SCALE)
       self._adjust_loss_scale(finite)
-    stats = {"loss": loss_sum / denominator, "grad_norm": norm, "learning_rate": lr,
-             "tokens": tokens, "finite": finite, "overflow": overflow}
-    self.window.record(stats, micro_step, update, flags)
+      float16_due = self.divergence.count_min_scale(self.loss_scale <= MIN_LOSS_SCALE)
+    loss = loss_sum / denominator
+    stats = {"loss": loss, "grad_norm": norm, "learning_rate": lr, "tokens": tokens,
+             "finite": finite, "overflow": overflow, "loss_mean": self.divergence.mean(),
+             "float16_due": float16_due}
+    stats["spike"] = self.divergence.judge(loss, finite)
+    self.window.record(stats, micro_step, update, flags, first_micro_step,
+                       self.divergence.max_consecutive)
     return stats
 
   def _adjust_loss_scale(self, finite):
@@ -477,6 +525,22 @@ class Learner:
       self.adam.v_of[name].assign(tf.zeros_like(variables[name]))
       if self.average is not None:
         self.average.average_of[name].assign(variables[name])
+
+  def skip_to(self, micro_step: int) -> None:
+    """Between updates: the run goes on at micro-step `micro_step` of the training stream,
+    past the micro-batches before it (a recovery's skip; training.recovery)."""
+    self._sync_host()
+    if self._position:
+      raise RuntimeError(f"a skip mid-update ({self._position} micro-steps into it)")
+    self.micro_step.assign(micro_step)
+    self._micro_step = micro_step
+
+  def continue_in_float32(self) -> None:
+    """A float16 run computes in float32 from the next step on, without loss scaling (the
+    scale stays in the checkpoint, unused); the steps are traced again."""
+    self.scaling = False
+    self.model.dtype = tf.float32
+    self._compile(self.xla_compile)
 
   def fix_cooldown_end(self, end: int) -> None:
     """The run's last update under a learning-rate cooldown, once fixed (budget.RunEnd)."""

@@ -46,9 +46,10 @@ from t2t_lite.training.evaluation import ChiefEvaluations, Evaluator
 from t2t_lite.training.learner import Learner
 from t2t_lite.training.resume import STREAM_SHIFT, Resume, recorded_batching, replan_stream
 from t2t_lite.training.milestones import Milestones, training_splits
+from t2t_lite.training.recovery import Recovery
 from t2t_lite.training.steps import RunSteps
 from t2t_lite.data.stream import Batching
-from t2t_lite.training.train_log import NonFiniteGuard, TrainLog, format_duration
+from t2t_lite.training.train_log import TrainLog, format_duration
 
 
 class Trainer:
@@ -96,8 +97,8 @@ class Trainer:
     # whether restore() resumed; the checkpoint a new run started from; the loop's clock
     self._resumed = self.warm_started_from = self._clock = None
     self.warm_start_vocabulary = None  # what a warm start onto another vocabulary mapped
-    self.log = TrainLog(self.learner, run_steps, NonFiniteGuard(
-        hparams.max_consecutive_nonfinite, options.output_dir))
+    self.log = TrainLog(self.learner, run_steps)
+    self.recovery = Recovery(self.learner, hparams, run_steps.replicas, self.faults)
     self.evaluator = self._make_evaluator() if is_chief else None
     self.evaluations = ChiefEvaluations(self.evaluator, options.evaluation.frequency,
                                         self._from_chief, self.faults)
@@ -171,6 +172,7 @@ class Trainer:
             options.warm_start_vocab, options.warm_start_optimizer,
             options.warm_start_vocab_rows,
             cluster=(self.is_chief, self._from_chief) if self._multi_worker else None)
+      self.recovery.started_new(self.checkpoints.checkpoint)
       return False
     if options.warm_start_from:
       logging.warning("%s has checkpoints: resuming this run; --warm_start_from applies to "
@@ -180,6 +182,7 @@ class Trainer:
                           int(self.stream_shift.numpy()), path)
     self.stream_shift.assign(shift)
     self.stream.read_from(shift)
+    self.recovery.sync()
     return True
 
   def save(self) -> str:
@@ -193,6 +196,7 @@ class Trainer:
       if self.corpora:
         self.corpora.before_save(micro_step)
     path = self.checkpoints.save(number)
+    self.recovery.saved()
     if not already_saved:
       logging.info("saved %s (update %d, micro-step %d)", path,
                    int(self.learner.update_step.numpy()), micro_step)
@@ -222,6 +226,8 @@ class Trainer:
         if failure is err:
           raise
         raise failure from err
+      finally:
+        self.recovery.saved()
 
   def _saved_failure(self, err: Exception) -> Exception:
     """A failure outside the compiled steps, saved first when the state is consistent: not
@@ -261,6 +267,7 @@ class Trainer:
     agreement = Agreement(self.learner, self._multi_worker, clock,
                           lambda: self.stops.signal is not None)
     while actions.stop is None:
+      self.recovery.before_update(self.stream, self.milestones)
       completed = self.learner.run_update(self.next_batch, agreement.outgoing,
                                           self.stops.after_micro_step)
       self.log.reduction()
@@ -268,13 +275,43 @@ class Trainer:
       agreed = agreement.after_update()
       actions = decide(progress, agreed, self.milestones.schedule())
       if actions.read:
-        progress = Progress(progress.tried, progress.seen, applied=self.log.read())
+        progress = self._read(progress)
         actions = decide(progress, agreed, self.milestones.schedule())
       actions = self._follow(actions, progress, agreed, clock)
       agreement.before_next_update()
       if self._after_update is not None:
         self._after_update(progress.tried)
     return self._finish(actions.stop, progress, clock)
+
+  def _read(self, progress: Progress) -> Progress:
+    """The device's statistics read; a divergence in them rolled back (training.recovery)."""
+    applied = self.log.read()
+    read = self.log.last_read
+    if read["diverged"]:
+      return self._roll_back(read)
+    self.recovery.float16_fallback(read)
+    return Progress(progress.tried, progress.seen, applied=applied)
+
+  def _roll_back(self, read: dict) -> Progress:
+    """Back to the newest checkpoint (or the state a new run started from), the span that
+    diverged to be skipped; the counts of the checkpoint, nothing of them new."""
+    self.recovery.check(read, tf.train.latest_checkpoint(self.checkpoints.directory))
+    path = self.resume.restore()
+    if path is None:
+      if self.recovery.initial is None:
+        raise RunError(f"update {read['diverged_update']} diverged and "
+                       f"{self.checkpoints.directory} has no checkpoint left to roll back to")
+      self.recovery.initial.restore(self.checkpoints.objects)
+      self.learner.forget_host_counters()
+    self.stream.read_from(int(self.stream_shift.numpy()))
+    if self.corpora:
+      self.corpora.resume(self.learner.host_micro_step())
+    self.recovery.rolled_back(read, path, self.log.writer)
+    update = int(self.learner.update_step.numpy())
+    self.milestones.start(update)
+    self.log.rolled_back()
+    self.log.read()  # a new window, from the checkpoint's counters
+    return Progress(update, update, update)
 
   def _start_clock(self) -> Clock:
     """The clock of this process, counting the run's training time on from its record."""
@@ -328,6 +365,8 @@ class Trainer:
     reason = self._stop_reason(stop, update)
     micro_step = learner.host_micro_step()
     logging.info("stopped: %s; update %d, micro-step %d, %s", reason, update, micro_step, path)
+    for line in self.recovery.summary_lines():
+      logging.info("%s", line)
     logging.info("input: this process read %d examples in %d micro-batches of the training "
                  "stream (its %d of %d replicas)", stream.examples_read, stream.batches_read,
                  len(self.replica_ids), self.run_steps.replicas)
@@ -335,6 +374,7 @@ class Trainer:
     return {"updates": update, "micro_steps": micro_step, "stop_reason": reason,
             "checkpoint": path, "train_seconds": round(clock.now() - clock.start, 1),
             "skipped_updates": int(learner.skipped_updates.numpy()),
+            "recoveries": self.recovery.history(),
             "examples_read": stream.examples_read, "batches_read": stream.batches_read}
 
   def _stop_reason(self, stop: str, update: int) -> str:

@@ -44,6 +44,7 @@ ADDED_TO_CHECKPOINTS = ("in_update", "layout")
 # run reads: not 0 once a resume re-planned the stream (see replan_stream).
 STREAM_SHIFT = "stream_shift"
 OPTIONAL = ("accumulator", "cooldown_end", "ema", "loss_scale", "good_updates", SAMPLED_FROM,
+            "divergence",
             TRAIN_SECONDS, STREAM_SHIFT, *ADDED_TO_CHECKPOINTS)
 
 

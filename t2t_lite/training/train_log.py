@@ -2,7 +2,7 @@
 
 The device keeps a window of statistics (learner.Window) that the host reads only when
 `decide` asks for it; `TrainLog` adds each read to the window of the next progress line,
-says which updates were skipped, and stops a diverging run (NonFiniteGuard).
+and says which updates were skipped (a diverging run is training.recovery's).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import tensorflow as tf
 from absl import logging
 
-from t2t_lite.core.errors import RunError
-
 
 def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
@@ -20,31 +18,11 @@ def format_duration(seconds: float) -> str:
   return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-class NonFiniteGuard:
-  """Stops a diverging run: too many updates in a row skipped for a non-finite loss or
-  gradient (the device counts them; see learner.Window). A float16 overflow that the loss
-  scale can still absorb (the scale was above its minimum and is halved) is not divergence;
-  at the minimum scale it counts like any non-finite one."""
-
-  def __init__(self, max_consecutive: int, output_dir: str = ""):
-    self.max_consecutive = max_consecutive
-    self.output_dir = output_dir
-
-  def check(self, consecutive: int, update: int) -> None:
-    """Raises RunError when `consecutive` non-finite updates in a row reach the limit."""
-    if consecutive >= self.max_consecutive:
-      raise RunError(
-          f"{consecutive} updates in a row had a non-finite loss or gradient "
-          f"(max_consecutive_nonfinite={self.max_consecutive}); stopped at update {update}. "
-          f"The last good checkpoint is kept in {self.output_dir}; lower "
-          "learning_rate_constant or set clip_grad_norm, then resume")
-
-
 class TrainLog:
   """The progress lines and train summaries of one run (a no-op writer off the chief)."""
 
-  def __init__(self, learner, run_steps, guard: NonFiniteGuard):
-    self.learner, self.run_steps, self.guard = learner, run_steps, guard
+  def __init__(self, learner, run_steps):
+    self.learner, self.run_steps = learner, run_steps
     self.writer = tf.summary.create_noop_writer()
     self._window = {"updates": 0, "tokens": 0.0, "loss": 0.0, "padding": 0.0, "slots": 0.0}
     self._last_read = None
@@ -75,10 +53,14 @@ class TrainLog:
                    hparams.ema_reference_tokens,
                    self.learner.state_bytes()["moving_average"] / 2 ** 20)
 
+  @property
+  def last_read(self) -> dict:
+    return self._last_read
+
   def read(self) -> int:
     """Reads the device's window of statistics (a collective across workers): adds it to
-    the window of the next log line, reports skipped updates, stops a diverging run.
-    Returns the updates applied."""
+    the window of the next log line and reports skipped updates (`last_read` holds all it
+    read). Returns the updates applied."""
     read = self._last_read = self.learner.read_window()
     for name in self._window:
       self._window[name] += read[name]
@@ -96,8 +78,12 @@ class TrainLog:
                       "reset (%d in a row, %d skipped in all)", where,
                       "" if read["skipped"] == 1 else "s", read["consecutive"],
                       int(self.learner.skipped_updates.numpy()))
-    self.guard.check(read["consecutive"], update)
     return update
+
+  def rolled_back(self) -> None:
+    """After a rollback: the next line counts only the updates trained from there."""
+    for name in self._window:
+      self._window[name] = 0
 
   def line(self, update: int, end: int, clock) -> None:
     """One progress line and the train summaries of the updates since the previous one

@@ -1,0 +1,78 @@
+"""What the device keeps to notice a diverging run and to recover from it (checkpointed as
+`divergence`; training.recovery acts on it).
+
+- **Detection**, inside the compiled update: a run of `max_consecutive_nonfinite` updates in
+  a row with a non-finite loss or gradient, or a finite spike, an update's loss (per target
+  token) more than `divergence_spike_margin` nats above the running mean of the applied
+  updates' losses (decaying by `divergence_spike_decay` per update, corrected for its start
+  as Adam's moments are; spikes do not enter it). The mean trails a falling loss, so the
+  warmup's fast fall never reads as a spike.
+- **Recovery's record**: how many rollbacks the run made, each one's span of skipped
+  micro-batches (global batch numbers, the same on any layout), the skip still to come, the
+  updates at a lowered learning rate, and the update from which a float16 run continues in
+  float32. A rollback restores an older checkpoint and then writes these, so a run killed
+  during its recovery resumes to the same state as one never killed.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# Rollbacks a checkpoint can record (divergence_max_recoveries is at most this).
+MAX_RECORDED = 64
+NONFINITE, SPIKE = 1, 2
+KINDS = {NONFINITE: "non-finite", SPIKE: "loss spike"}
+
+
+class DivergenceState(tf.Module):
+  """The detector's running mean and the record of recoveries (see the module docstring)."""
+
+  def __init__(self, hparams):
+    super().__init__(name="divergence")
+    self.max_consecutive = hparams.max_consecutive_nonfinite
+    self.fallback_after = hparams.float16_fallback_updates
+    self.margin = float(hparams.divergence_spike_margin)
+    self.decay = float(hparams.divergence_spike_decay)
+    self.lr_factor_value = float(hparams.recovery_lr_factor)
+    first = dict(trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    count = dict(dtype=tf.int64, **first)
+    self.loss_mean = tf.Variable(0.0, name="loss_mean", **first)
+    self.loss_weight = tf.Variable(0.0, name="loss_weight", **first)
+    self.recoveries = tf.Variable(0, name="recoveries", **count)
+    # The micro-batches still to skip: [first, end) global batch numbers ([0, 0]: none).
+    self.skip = tf.Variable([0, 0], name="skip", **count)
+    # The updates [first, end) that train at recovery_lr_factor times the learning rate.
+    self.lowered = tf.Variable([0, 0], name="lowered", **count)
+    # Rows (update detected at, first batch skipped, end batch, kind) of each rollback.
+    self.history = tf.Variable(tf.zeros([MAX_RECORDED, 4], tf.int64), name="history", **count)
+    # Updates in a row tried at the minimum float16 loss scale.
+    self.at_min_scale = tf.Variable(0, name="at_min_scale", **count)
+    # The first update that a float16 run trained in float32 (0: none).
+    self.float32_from = tf.Variable(0, name="float32_from", **count)
+
+  def mean(self):
+    return self.loss_mean / tf.maximum(self.loss_weight, 1e-30)
+
+  def judge(self, loss, finite):
+    """Whether the update's `loss` is a spike; a finite update that is not one enters the
+    running mean. In the compiled update."""
+    spike = tf.constant(False)
+    if self.margin > 0:
+      spike = finite & (self.loss_weight > 0) & (loss > self.mean() + self.margin)
+    take = finite & ~spike
+    self.loss_mean.assign(tf.where(take, self.decay * self.loss_mean + (1 - self.decay) * loss,
+                                   self.loss_mean))
+    self.loss_weight.assign(tf.where(take, self.decay * self.loss_weight + (1 - self.decay),
+                                     self.loss_weight))
+    return spike
+
+  def lr_factor(self, update):
+    """The factor on update `update`'s learning rate: recovery_lr_factor while lowered."""
+    lowered = (update >= self.lowered[0]) & (update < self.lowered[1])
+    return tf.where(lowered, self.lr_factor_value, 1.0)
+
+  def count_min_scale(self, at_minimum):
+    """After the loss scale's adjustment: whether it has sat at its minimum for
+    float16_fallback_updates updates in a row (counting this one)."""
+    self.at_min_scale.assign(tf.where(at_minimum, self.at_min_scale + 1, 0))
+    return self.at_min_scale >= self.fallback_after
