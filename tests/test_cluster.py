@@ -38,7 +38,9 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   started from the one checkpoint the chief resolved and end with equal weights. The
   schedule has a cooldown and the run a time budget: the pace is measured from update 4 and
   the chief's projection shared at update 8 (the budget allows more than --train_steps, so
-  the end is 12)."""
+  the end is 12). Update 3's loss spikes (micro-step 5 times 30 on both workers): noticed at
+  the read of update 4, before any checkpoint, both roll back to the warm-started state the
+  run began from and skip micro-batches 8-11 (update 3's on both workers), together."""
   output_dir = str(tmp_path / "run")
   source = tiny_run["output_dir"]
   schedule = "constant*linear_warmup*rsqrt_decay*rsqrt_hidden_size*linear_cooldown"
@@ -49,7 +51,8 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
       "--keep_best_checkpoints=2", "--train_steps=12", "--local_eval_frequency=5",
       "--log_every=4", "--eval_steps=2", "--eval_bleu_sentences=8",
       "--save_checkpoints_steps=0", "--eval_early_stopping_steps=5",
-      "--eval_early_stopping_metric_delta=100", f"--warm_start_from={source}")))
+      "--eval_early_stopping_metric_delta=100", f"--warm_start_from={source}"),
+      {index: {"T2T_LITE_FAULT": "spike:5"} for index in range(2)}))
   chief, other = workers
   evaluations = [line for line in chief.lines if "eval at update" in line]
   assert [line.split("eval at update ")[1].split(" ")[0] for line in evaluations] == ["5", "10"]
@@ -58,9 +61,18 @@ def test_evaluation_early_stopping_and_warm_start_on_two_workers(tiny_run, tmp_p
   assert not any("eval at update" in line for line in other.lines)  # the chief evaluates
   # the others leave before the chief, whose process holds the coordination service
   assert "coordination service" not in other.err, other.err[-2000:]
-  assert "trained 10 updates (20 micro-steps)" in chief.out, chief.out
+  assert "trained 10 updates (22 micro-steps)" in chief.out, chief.out
   assert "early stopping: dev_loss has not improved by more than 100 for 5 updates" in chief.out
-  assert "trained 10 updates (20 micro-steps)" in other.out, other.out
+  assert "trained 10 updates (22 micro-steps)" in other.out, other.out
+  for worker in workers:
+    assert ("Recovery 1 of 3: rolled back to the state the run started from (update 0); "
+            "micro-batches 8-11 of the training stream (4) will be skipped") in worker.err
+    assert "update 3: skipped micro-batches 8-11 of the training stream" in worker.err
+    assert ("recovered from a divergence 1 time(s): update 3 (loss spike), batches 8-11 "
+            "skipped") in worker.err
+  spike = [line.split("diverged at ")[1] for line in chief.lines if "diverged at" in line]
+  assert spike == [line.split("diverged at ")[1] for line in other.lines
+                   if "diverged at" in line] and len(spike) == 1  # the same figures
   assert "early stopping, by the chief's evaluation" in other.out
   for worker in workers:
     assert [line.split("update ")[1].split("/")[0] for line in worker.lines

@@ -85,8 +85,8 @@ def _guard(hparams, train_file):
   from t2t_lite.training.learner import Window
   from t2t_lite.training.recovery import Recovery
   state, window, scalar = DivergenceState(hparams), Window(), tf.constant
-  spikes = [bool(state.judge(scalar(loss), scalar(True)))
-            for loss in (6.0, 5.0, 5.5, 6.0, 7.2, 9.0, 5.0)]
+  spikes = [bool(state.judge(scalar(loss), scalar(True), scalar(update, tf.int64)))
+            for update, loss in enumerate((6.0, 5.0, 5.5, 6.0, 7.2, 9.0, 5.0))]
   for update in range(1, 12):  # non-finite from update 2
     stats = dict(finite=scalar(update == 1), overflow=scalar(False), loss=scalar(1.0),
                  tokens=scalar(1.0), learning_rate=scalar(1.0), grad_norm=scalar(1.0),

@@ -49,17 +49,25 @@ class DivergenceState(tf.Module):
     self.at_min_scale = tf.Variable(0, name="at_min_scale", **count)
     # The first update that a float16 run trained in float32 (0: none).
     self.float32_from = tf.Variable(0, name="float32_from", **count)
+    # The most an update's loss (not a spike) rose above the running mean, and its update:
+    # what a margin must stay above (the run's last lines give it).
+    self.widest = tf.Variable(0.0, name="widest", **first)
+    self.widest_update = tf.Variable(0, name="widest_update", **count)
 
   def mean(self):
     return self.loss_mean / tf.maximum(self.loss_weight, 1e-30)
 
-  def judge(self, loss, finite):
-    """Whether the update's `loss` is a spike; a finite update that is not one enters the
-    running mean. In the compiled update."""
+  def judge(self, loss, finite, update):
+    """Whether update `update`'s `loss` is a spike; a finite update that is not one enters
+    the running mean. In the compiled update."""
     spike = tf.constant(False)
     if self.margin > 0:
       spike = finite & (self.loss_weight > 0) & (loss > self.mean() + self.margin)
     take = finite & ~spike
+    excess = loss - self.mean()
+    wider = take & (self.loss_weight > 0) & (excess > self.widest)
+    self.widest.assign(tf.where(wider, excess, self.widest))
+    self.widest_update.assign(tf.where(wider, update, self.widest_update))
     self.loss_mean.assign(tf.where(take, self.decay * self.loss_mean + (1 - self.decay) * loss,
                                    self.loss_mean))
     self.loss_weight.assign(tf.where(take, self.decay * self.loss_weight + (1 - self.decay),

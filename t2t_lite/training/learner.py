@@ -439,7 +439,7 @@ class Learner:
     stats = {"loss": loss, "grad_norm": norm, "learning_rate": lr, "tokens": tokens,
              "finite": finite, "overflow": overflow, "loss_mean": self.divergence.mean(),
              "float16_due": float16_due}
-    stats["spike"] = self.divergence.judge(loss, finite)
+    stats["spike"] = self.divergence.judge(loss, finite, update)
     self.window.record(stats, micro_step, update, flags, first_micro_step,
                        self.divergence.max_consecutive)
     return stats

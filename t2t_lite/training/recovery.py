@@ -65,7 +65,7 @@ class InitialState:
     self.path = checkpoint.write(os.path.join(self.folder, "initial"))
 
   def restore(self, objects: dict) -> None:
-    tf.train.Checkpoint(**objects).restore(self.path).assert_existing_objects_matched()
+    tf.train.Checkpoint(**objects).read(self.path).assert_existing_objects_matched()
 
   def remove(self) -> None:
     shutil.rmtree(self.folder, ignore_errors=True)
@@ -218,4 +218,8 @@ class Recovery:
     since = int(self.state.float32_from.numpy())
     if since:
       lines.append(f"float16 fell back to float32 from update {since}")
+    widest, update = float(self.state.widest.numpy()), int(self.state.widest_update.numpy())
+    if update:
+      lines.append(f"largest loss above its running mean: {widest:.3f} nats, at update "
+                   f"{update} (divergence_spike_margin={self.hparams.divergence_spike_margin:g})")
     return lines
