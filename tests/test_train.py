@@ -138,7 +138,10 @@ def _fake_steps(trainer, monkeypatch, stats, limit=300):
             "skipped": tried if nonfinite else 0, "overflows": 0 if nonfinite else tried,
             "consecutive": consecutive[0], "last_skip_update": 1,
             "last_skip_micro_step": len(calls), "loss": 0.0, "tokens": 0.0,
-            "learning_rate": 0.0, "grad_norm": 0.0, "padding": 0.0, "slots": 0.0}
+            "learning_rate": 0.0, "grad_norm": 0.0, "padding": 0.0, "slots": 0.0,
+            "diverged": int(nonfinite and consecutive[0] >= 5), "diverged_update": 1,
+            "diverged_from": 0, "diverged_to": len(calls), "float16_due": 0,
+            "diverged_loss": 0.0, "diverged_mean": 0.0}
   monkeypatch.setattr(trainer.learner, "step", step)
   monkeypatch.setattr(trainer.learner, "read_window", read_window)
   return calls
@@ -160,6 +163,7 @@ def test_overflows_at_the_minimum_scale_stop_a_diverging_run(multi30k_data, tmp_
                                                               monkeypatch):
   from t2t_lite.core.errors import RunError
   trainer = make_trainer(tmp_path / "run", multi30k_data, train_steps=50, accumulate_steps=1)
+  trainer.hparams.divergence_max_recoveries = 0  # (tests/test_recovery.py: with recoveries)
   # what the learner reports for an overflow it cannot absorb (see test_mixed_precision)
   calls = _fake_steps(trainer, monkeypatch, {"finite": False, "overflow": False})
   with pytest.raises(RunError, match="5 updates in a row had a non-finite loss"):
