@@ -95,8 +95,8 @@ def _guard(hparams, train_file):
                   scalar(update - 1, tf.int64), state.max_consecutive)
   due = [bool(state.count_min_scale(scalar(True))) for _ in range(30)]
   recovery = Recovery(SimpleNamespace(divergence=state), hparams, 1, None)
-  state.recoveries.assign(3)
-  state.history.assign(np.array([[4, 8, 10, 2]] * 3 + [[0] * 4] * 61, np.int64))
+  state.record([(4, 8, 10, 2)] * 3)
+  recovery.sync()
   try:
     recovery.check(dict(diverged=2, diverged_update=9, updates_done=9, diverged_loss=9.0,
                         diverged_mean=5.0, consecutive=0), None)

@@ -250,6 +250,11 @@ class Transformer(tf.Module):
     # (a string: a dict attribute would become a checkpoint dependency of the module)
     self.frozen_spec = hparams.frozen_parts
 
+  def compute_in(self, dtype: tf.DType) -> None:
+    """The activations' dtype from the next trace on (a float16 run's fallback to float32;
+    the weights stay float32)."""
+    self.dtype = dtype
+
   def frozen_variables(self, spec: str | None = None) -> list:
     """The variables `frozen_parts` names (`spec`: another value of it), in the order of
     trainable_variables."""

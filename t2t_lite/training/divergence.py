@@ -7,11 +7,13 @@
   updates' losses (decaying by `divergence_spike_decay` per update, corrected for its start
   as Adam's moments are; spikes do not enter it). The mean trails a falling loss, so the
   warmup's fast fall never reads as a spike.
-- **Recovery's record**: how many rollbacks the run made, each one's span of skipped
-  micro-batches (global batch numbers, the same on any layout), the skip still to come, the
-  updates at a lowered learning rate, and the update from which a float16 run continues in
-  float32. A rollback restores an older checkpoint and then writes these, so a run killed
-  during its recovery resumes to the same state as one never killed.
+- **Recovery's record**: how many rollbacks the run made and each one's span of skipped
+  micro-batches (global batch numbers, the same on any layout), which the run jumps over
+  whenever it reaches them (again after a later rollback to an earlier checkpoint); the
+  updates at a lowered learning rate; the update from which a float16 run continues in
+  float32. A rollback restores an older checkpoint and then writes the record it had, plus
+  the new rollback, so a run killed during its recovery resumes to the same state as one
+  never killed.
 """
 
 from __future__ import annotations
@@ -39,8 +41,6 @@ class DivergenceState(tf.Module):
     self.loss_mean = tf.Variable(0.0, name="loss_mean", **first)
     self.loss_weight = tf.Variable(0.0, name="loss_weight", **first)
     self.recoveries = tf.Variable(0, name="recoveries", **count)
-    # The micro-batches still to skip: [first, end) global batch numbers ([0, 0]: none).
-    self.skip = tf.Variable([0, 0], name="skip", **count)
     # The updates [first, end) that train at recovery_lr_factor times the learning rate.
     self.lowered = tf.Variable([0, 0], name="lowered", **count)
     # Rows (update detected at, first batch skipped, end batch, kind) of each rollback.
@@ -56,6 +56,28 @@ class DivergenceState(tf.Module):
 
   def mean(self):
     return self.loss_mean / tf.maximum(self.loss_weight, 1e-30)
+
+  # --- the record, written by the host (training.recovery) ----------------------------------
+  def rollbacks(self) -> list[tuple[int, int, int, int]]:
+    """The rows (update, first batch, end batch, kind) of the run's rollbacks."""
+    count = min(int(self.recoveries.numpy()), MAX_RECORDED)
+    return [tuple(int(x) for x in row) for row in self.history.numpy()[:count]]
+
+  def record(self, rows: list[tuple[int, int, int, int]]) -> None:
+    """The run's rollbacks are `rows` (the first MAX_RECORDED kept; all counted)."""
+    table = self.history.numpy() * 0
+    for number, row in enumerate(rows[:MAX_RECORDED]):
+      table[number] = row
+    self.history.assign(table)
+    self.recoveries.assign(len(rows))
+
+  def lower(self, updates: tuple[int, int]) -> None:
+    """The updates [first, end) train at recovery_lr_factor x the learning rate."""
+    self.lowered.assign(updates)
+
+  def fall_back(self, update: int) -> None:
+    """A float16 run computes in float32 from `update` on."""
+    self.float32_from.assign(update)
 
   def judge(self, loss, finite, update):
     """Whether update `update`'s `loss` is a spike; a finite update that is not one enters

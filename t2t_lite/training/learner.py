@@ -539,7 +539,7 @@ class Learner:
     """A float16 run computes in float32 from the next step on, without loss scaling (the
     scale stays in the checkpoint, unused); the steps are traced again."""
     self.scaling = False
-    self.model.dtype = tf.float32
+    self.model.compute_in(tf.float32)
     self._compile(self.xla_compile)
 
   def fix_cooldown_end(self, end: int) -> None:

@@ -40,7 +40,7 @@ from absl import logging
 
 from t2t_lite.core.errors import RunError
 from t2t_lite.core.files import writer_tag
-from t2t_lite.training.divergence import KINDS, MAX_RECORDED, NONFINITE
+from t2t_lite.training.divergence import KINDS, NONFINITE
 
 # The local folder that holds the state a new run started from, until its first save.
 INITIAL = "t2t-lite-initial-state-"
@@ -78,13 +78,12 @@ class Recovery:
     self.learner, self.hparams, self.replicas = learner, hparams, replicas
     self.state, self.faults = learner.divergence, faults
     self.initial = None  # InitialState of a new run, until its first save
-    self._skip = (0, 0)  # the host's copy of state.skip
+    self._rows = []  # the host's copy of the record: (update, first, end, kind) each
 
   # --- reading the state ------------------------------------------------------------------
   def sync(self) -> None:
-    """After a restore: the host's copy of what the checkpoint plans, and the precision the
-    run recorded."""
-    self._skip = tuple(int(x) for x in self.state.skip.numpy())
+    """After a resume: the host's copy of the record, and the precision the run recorded."""
+    self._rows = self.state.rollbacks()
     since = int(self.state.float32_from.numpy())
     if since and self.learner.scaling:
       self.learner.continue_in_float32()
@@ -96,16 +95,15 @@ class Recovery:
 
   def history(self) -> list[dict]:
     """The run's rollbacks: the update each was noticed at, the batches skipped, why."""
-    rows = self.state.history.numpy()[:min(self.count(), MAX_RECORDED)]
-    return [{"update": int(u), "skipped_batches": [int(a), int(b)], "kind": KINDS[int(k)]}
-            for u, a, b, k in rows]
+    return [{"update": u, "skipped_batches": [a, b], "kind": KINDS[k]}
+            for u, a, b, k in self.state.rollbacks()]
 
   # --- a divergence -----------------------------------------------------------------------
   def check(self, read: dict, kept: str | None) -> None:
     """A RunError when the run may not recover from the divergence in `read` (none left of
     divergence_max_recoveries): the updates of its rollbacks, the checkpoint `kept` (the
     newest), what to change."""
-    limit, done = self.hparams.divergence_max_recoveries, self.count()
+    limit, done = self.hparams.divergence_max_recoveries, len(self._rows)
     if done < limit:
       return
     earlier = "; ".join(f"update {row['update']} ({row['kind']}, batches "
@@ -121,8 +119,8 @@ class Recovery:
         + "; lower learning_rate_constant or set clip_grad_norm, then resume")
 
   def rolled_back(self, read: dict, path: str | None, writer) -> None:
-    """The run stands at the checkpoint restored (`path`; None: its initial state): plan the
-    skip of the span that diverged, record it, say so."""
+    """The run stands at the checkpoint restored (`path`; None: its initial state): its
+    record is the run's so far and the new rollback, whose span will be skipped; say so."""
     learner, replicas = self.learner, self.replicas
     restored = learner.host_micro_step()
     first = max(read["diverged_from"], restored) * replicas
@@ -131,24 +129,20 @@ class Recovery:
       raise RunError(f"cannot roll back past update {read['diverged_update']}: the newest "
                      f"checkpoint, {path}, was saved mid-update inside the span that "
                      "diverged; resume from an older one (move the newer ones away)")
-    number = self.count()
-    if number < MAX_RECORDED:
-      rows = self.state.history.numpy()
-      rows[number] = [read["diverged_update"], first, end, read["diverged"]]
-      self.state.history.assign(rows)
-    self.state.recoveries.assign(number + 1)
-    self.state.skip.assign([first, end])
-    self._skip = (first, end)
+    self._rows.append((read["diverged_update"], first, end, read["diverged"]))
+    self.state.record(self._rows)
+    if not learner.scaling and not int(self.state.float32_from.numpy()):
+      self.state.fall_back(int(learner.update_step.numpy()) + 1)  # (stays in float32)
     learner.window.forget_run()
-    update = int(learner.update_step.numpy())
+    number, update = len(self._rows), int(learner.update_step.numpy())
     logging.warning(
         "diverged at update %d: %s. Recovery %d of %d: rolled back to %s (update %d); "
         "micro-batches %d-%d of the training stream (%d) will be skipped%s",
-        read["diverged_update"], describe_divergence(read, self.hparams), number + 1,
+        read["diverged_update"], describe_divergence(read, self.hparams), number,
         self.hparams.divergence_max_recoveries, path or "the state the run started from",
         update, first, end - 1, end - first, self._lowered_words())
     with writer.as_default(step=read["diverged_update"]):
-      tf.summary.scalar("recovery/rollbacks", number + 1)
+      tf.summary.scalar("recovery/rollbacks", number)
       tf.summary.scalar("recovery/skipped_batches", end - first)
     self.faults.rolled_back()
 
@@ -165,26 +159,29 @@ class Recovery:
 
   # --- before each update -----------------------------------------------------------------
   def before_update(self, stream, milestones) -> None:
-    """At the first micro-batch to skip: moves the run past the span (the learner's counter
-    and the stream's position) and lowers the learning rate for the updates that follow."""
-    first, end = self._skip
+    """Between updates, at a micro-batch of a recorded span: moves the run past it (the
+    learner's counter and the stream's position) and lowers the learning rate for the
+    updates that follow."""
     learner = self.learner
-    if end == 0 or learner.host_micro_step() * self.replicas < first:
+    if not self._rows or learner.position():
       return
-    micro_step = math.ceil(end / self.replicas)
+    batch = learner.host_micro_step() * self.replicas
+    span = next(((a, b) for _, a, b, _ in self._rows if a <= batch < b), None)
+    if span is None:
+      return
+    micro_step = math.ceil(span[1] / self.replicas)
     update = int(learner.update_step.numpy()) + 1
     stream.skip_to(micro_step, milestones.switch, update)
     learner.skip_to(micro_step)
-    self.state.skip.assign([0, 0])
-    self._skip = (0, 0)
-    hparams = self.hparams
     if self._lowered_words():
-      self.state.lowered.assign(self.lowered_span(update))
+      self.state.lower(self.lowered_span(update))
+    hparams = self.hparams
     logging.info("update %d: skipped micro-batches %d-%d of the training stream, as the "
-                 "recovery planned%s", update, first, end - 1,
+                 "recovery planned%s", update, batch, span[1] - 1,
                  f"; updates {update}-{update + hparams.recovery_lr_updates - 1} train at "
                  f"{hparams.recovery_lr_factor:g} x the learning rate"
                  if self._lowered_words() else "")
+    self.before_update(stream, milestones)  # (a span may follow at once)
 
   # --- float16 ----------------------------------------------------------------------------
   def float16_fallback(self, read: dict) -> None:
@@ -192,7 +189,7 @@ class Recovery:
     if not read["float16_due"] or not self.learner.scaling:
       return
     update = read["updates_done"] + 1
-    self.state.float32_from.assign(update)
+    self.state.fall_back(update)
     self.learner.continue_in_float32()
     logging.warning("float16: the loss scale sat at its minimum (1) for %d updates in a row; "
                     "the run continues in float32 from update %d (recorded in its "
