@@ -51,7 +51,7 @@ def test_a_checkpoint_from_before_in_update_and_layout_resumes_mid_update(tmp_pa
   assert lacks == {"in_update", "layout"}
   meta = {"hparams": {"optimizer_multistep_accumulate_steps": 2}}
   resume.upgrade(learner, lacks, meta, path)
-  assert int(learner.in_update.numpy()) == 1 and learner.position() == 1
+  assert int(learner.in_update.numpy()) == 1 and learner.host.position() == 1
   assert learner.layout.numpy().tolist() == [1, 2]
   # The next micro-step completes the update, as it would have in the run that wrote it.
   old_stats, new_stats = old.step(_batch(5)), learner.step(_batch(5))

@@ -69,7 +69,7 @@ def _by_hand(path, frozen, steps=2):
       learner.average.average_of[name].assign(get(f"ema/average_of/{_key(name)}"))
     else:
       learner.average.average_of[name].assign(variable)
-  learner.forget_host_counters()
+  learner.host.forget()
   return learner
 
 

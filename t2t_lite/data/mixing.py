@@ -142,7 +142,7 @@ class CorpusMix:
     """The update in progress, whose weights the next batches are drawn with."""
     if len(self.curriculum.phases) == 1:
       return 1  # (one set of weights: the update does not matter)
-    return learner.update_in_progress(self.curriculum.differ)
+    return learner.host.update_in_progress(self.curriculum.differ)
 
   def before_save(self, micro_step: int) -> None:
     """The stream's position into the checkpoint's variables; it must stand at

@@ -176,6 +176,74 @@ class OneTrace:
     return self.compiled(batch, *more)
 
 
+class HostCounters:
+  """The host's mirrors of a learner's device counters, so that a micro-step reads nothing
+  from the device: the update count last read, the updates tried since (applied unless a
+  non-finite one was skipped; a read of the window says which), the micro-step counter and
+  the micro-steps done of the update in progress. Read from the device once after a start
+  or a restore (`forget`)."""
+
+  def __init__(self, learner):
+    self._learner = learner
+    self.forget()
+
+  def forget(self) -> None:
+    """After a restore: the counters are read from the device when next asked for."""
+    self._position = self._updates_done = self._micro_step = None
+    self._attempts = 0
+
+  def _sync(self) -> None:
+    if self._position is None:
+      learner = self._learner
+      self._updates_done, self._attempts = int(learner.update_step.numpy()), 0
+      self._position = int(learner.in_update.numpy())
+      self._micro_step = int(learner.micro_step.numpy())
+
+  def confirm(self, updates_done: int) -> None:
+    """The device's update count, read: no update tried since."""
+    self._sync()
+    self._updates_done, self._attempts = updates_done, 0
+
+  def update_in_progress(self, differ=None) -> int:
+    """The number (1-based) of the update in progress, counting every update tried as
+    applied. Where that matters, `differ(first, last)` says so for the range of updates it
+    may be: then the count is read from the device (updates skipped for a non-finite loss
+    are tried again)."""
+    self._sync()
+    first, last = self._updates_done + 1, self._updates_done + self._attempts + 1
+    if self._attempts and differ is not None and differ(first, last):
+      self.confirm(int(self._learner.update_step.numpy()))
+      return self._updates_done + 1
+    return last
+
+  def position(self) -> int:
+    """Micro-steps done of the update in progress (0 between updates)."""
+    self._sync()
+    return self._position
+
+  def micro_step(self) -> int:
+    """The micro-step counter."""
+    self._sync()
+    return self._micro_step
+
+  def stepped(self, update_done: bool) -> None:
+    """A micro-step ran; it completed an update (tried) or not."""
+    self._sync()
+    self._position = 0 if update_done else self._position + 1
+    self._attempts += int(update_done)
+
+  def counted(self) -> int:
+    """The micro-step counter after one more micro-step of run_update."""
+    self._sync()
+    self._micro_step += 1
+    return self._micro_step
+
+  def moved_to(self, micro_step: int) -> None:
+    """The micro-step counter was set to `micro_step`, between updates."""
+    self._sync()
+    self._micro_step = micro_step
+
+
 class Learner:
   """Holds the trainable state and runs micro-steps and updates."""
 
@@ -200,9 +268,7 @@ class Learner:
                                                  hparams.relu_dropout,
                                                  hparams.dropout_ramp_initial))
     self.faults = faults or faults_lib.NoFaults()
-    # host mirrors of in_update, update_step and micro_step
-    self._position = self._updates_done = self._micro_step = None
-    self._attempts = 0
+    self.host = HostCounters(self)  # the host's mirrors of the counters
     self.in_step = False  # inside a compiled micro-step or update (see step)
     self.reduction = None  # tensors and collective ops of the cross-replica sum, once traced
     with self.strategy.scope():
@@ -459,41 +525,13 @@ class Learner:
     return self.model.loss(batch["inputs"], batch["targets"], smoothing=0.0)
 
   # --- the public steps --------------------------------------------------------------
-  # The host keeps mirrors of the device counters, so that a micro-step reads nothing from
-  # the device: `_updates_done` is the update count last read, `_attempts` the updates tried
-  # since (applied unless a non-finite one was skipped; read_window says which).
   def accumulate_steps(self, update: int | None = None) -> int:
     """Micro-steps of update `update` (1-based; default: the update in progress)."""
     if update is None:
       steps_for = self.schedule.steps_for
-      update = self.update_in_progress(lambda first, last: steps_for(first) != steps_for(last))
+      update = self.host.update_in_progress(
+          lambda first, last: steps_for(first) != steps_for(last))
     return self.schedule.steps_for(update)
-
-  def update_in_progress(self, differ=None) -> int:
-    """The number (1-based) of the update in progress, from the host's mirrors, which count
-    every update tried as applied. Where that matters, `differ(first, last)` says so for the
-    range of updates it may be: then the count is read from the device (updates skipped
-    for a non-finite loss are tried again)."""
-    self._sync_host()
-    first, last = self._updates_done + 1, self._updates_done + self._attempts + 1
-    if self._attempts and differ is not None and differ(first, last):
-      self._confirm(int(self.update_step.numpy()))
-      return self._updates_done + 1
-    return last
-
-  def position(self) -> int:
-    """Micro-steps done of the update in progress (0 between updates)."""
-    self._sync_host()
-    return self._position
-
-  def _sync_host(self) -> None:
-    if self._position is None:  # read once after (re)start
-      self._confirm(int(self.update_step.numpy()))
-      self._position = int(self.in_update.numpy())
-      self._micro_step = int(self.micro_step.numpy())
-
-  def _confirm(self, updates_done: int) -> None:
-    self._updates_done, self._attempts = updates_done, 0
 
   def record_layout(self) -> None:
     """Before a save: the layout the checkpoint is written on."""
@@ -504,7 +542,7 @@ class Learner:
     """A checkpoint from before the update in progress was recorded: n was constant
     (`steps`), so the position follows from the micro-step counter."""
     self.in_update.assign(int(self.micro_step.numpy()) % steps)
-    self.forget_host_counters()
+    self.host.forget()
 
   def take_layout(self, replicas: int, steps: int, micro_step: int | None = None) -> None:
     """The state now belongs to `replicas` x `steps`: an older checkpoint's assumed layout,
@@ -513,7 +551,7 @@ class Learner:
     if micro_step is not None:
       self.micro_step.assign(micro_step)
     self.layout.assign([replicas, steps])
-    self.forget_host_counters()
+    self.host.forget()
 
   def start_fresh(self, names: list[str]) -> None:
     """Between updates, the variables `names` start training as in a new run (a resume on
@@ -529,11 +567,10 @@ class Learner:
   def skip_to(self, micro_step: int) -> None:
     """Between updates: the run goes on at micro-step `micro_step` of the training stream,
     past the micro-batches before it (a recovery's skip; training.recovery)."""
-    self._sync_host()
-    if self._position:
-      raise RuntimeError(f"a skip mid-update ({self._position} micro-steps into it)")
+    if self.host.position():
+      raise RuntimeError(f"a skip mid-update ({self.host.position()} micro-steps into it)")
     self.micro_step.assign(micro_step)
-    self._micro_step = micro_step
+    self.host.moved_to(micro_step)
 
   def continue_in_float32(self) -> None:
     """A float16 run computes in float32 from the next step on, without loss scaling (the
@@ -551,20 +588,13 @@ class Learner:
     done. `after_micro_step(micro_step)` is called after each micro-step: True cuts the update
     short there (False is then returned; the state stays resumable mid-update on one
     replica). `flags` ride in the update's cross-replica sum (see read_agreed)."""
-    self._sync_host()
     while True:
       done = self.step(next_batch(), flags) is not None
-      self._micro_step += 1
-      if after_micro_step is not None and after_micro_step(self._micro_step) and not done:
+      micro_step = self.host.counted()
+      if after_micro_step is not None and after_micro_step(micro_step) and not done:
         return False
       if done:
         return True
-
-  def host_micro_step(self) -> int:
-    """The micro-step counter, from the host's mirror (no device read after the first; the
-    mirror counts the micro-steps of run_update)."""
-    self._sync_host()
-    return self._micro_step
 
   def step(self, batch, flags=NO_FLAGS):
     """One micro-step; returns the update's statistics (device tensors, not read) when it
@@ -572,17 +602,16 @@ class Learner:
     all replicas in the update (see read_agreed)."""
     steps = self.accumulate_steps()
     self.in_step = True  # stays True if a compiled step raises: its state may be half-written
-    if steps == 1 and self._position == 0:
+    if steps == 1 and self.host.position() == 0:
       stats = self.fused_step_fn(batch, tf.constant(flags, tf.float32))
     else:
       self.micro_step_fn(batch)
-      self._position += 1
-      if self._position < steps:
+      if self.host.position() + 1 < steps:
+        self.host.stepped(update_done=False)
         self.in_step = False
         return None
       stats = self.update_fn(tf.constant(flags, tf.float32))
-      self._position = 0
-    self._attempts += 1
+    self.host.stepped(update_done=True)
     self.in_step = False
     return stats
 
@@ -593,19 +622,14 @@ class Learner:
     (non-finite in a row), last_skip_update/_micro_step, loss (sum of the applied updates'
     mean losses), tokens, learning_rate and grad_norm (of the last applied update), padding
     and slots (token slots of the micro-batches)."""
-    self._sync_host()
+    self.host.position()  # (the mirrors read before the window moves them on)
     packed = self.take_window_fn().numpy()
     values = {name: float(value) if name in Window.SUMS + ("padding", "slots") else int(value)
               for name, value in zip(WINDOW_FIELDS, packed)}
-    self._confirm(values["updates_done"])
+    self.host.confirm(values["updates_done"])
     return values
 
   def read_agreed(self) -> tuple[bool, bool, bool]:
     """(stop signal, time budget, timed save): whether any process asked for them in the
     last update's flags (a read of this process's copy of the sum; no collective)."""
     return tuple(bool(flag > 0) for flag in self.window.agreed.numpy())
-
-  def forget_host_counters(self) -> None:
-    """Call after restoring a checkpoint: the counters are re-read on the next step."""
-    self._position = self._updates_done = self._micro_step = None
-    self._attempts = 0

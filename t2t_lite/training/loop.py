@@ -141,7 +141,7 @@ class Trainer:
 
   def next_batch(self):
     """The next micro-batch of every local replica, as the strategy's per-replica value."""
-    micro_step = self.learner.host_micro_step()
+    micro_step = self.learner.host.micro_step()
     if self.milestones.switches_at(micro_step):
       logging.info("update %d: training reads the sampled segmentations from here on",
                    int(self.learner.update_step.numpy()) + 1)  # (one device read, once)
@@ -235,11 +235,11 @@ class Trainer:
     (a save is a collective they are not in), and with several replicas only between
     updates (their accumulators are replica-local)."""
     if self._multi_worker or self.learner.in_step or (
-        self.corpora and self.corpora.stream.at != self.learner.host_micro_step()):
+        self.corpora and self.corpora.stream.at != self.learner.host.micro_step()):
       return err  # (the last: batches taken for a micro-step that did not run)
     cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
     cause = f"{type(err).__name__}{': ' + cause if cause else ''}"
-    if not (self.stops.mid_update or self.learner.position() == 0):
+    if not (self.stops.mid_update or self.learner.host.position() == 0):
       return RunError(f"{cause}; not saved mid-update (the accumulators of the "
                       f"{self.run_steps.replicas} replicas are their own): fix the cause and rerun "
                       "to resume from the last checkpoint")
@@ -252,7 +252,7 @@ class Trainer:
     reads the device's window of statistics only when `decide` asks for it."""
     clock = self._start_clock()
     if self.corpora:
-      self.corpora.resume(self.learner.host_micro_step())
+      self.corpora.resume(self.learner.host.micro_step())
     update = self.log.read()  # a new window
     self.milestones.start(update)
     progress = Progress(tried=update, seen=update, applied=update)
@@ -302,10 +302,10 @@ class Trainer:
         raise RunError(f"update {read['diverged_update']} diverged and "
                        f"{self.checkpoints.directory} has no checkpoint left to roll back to")
       self.recovery.initial.restore(self.checkpoints.objects)
-      self.learner.forget_host_counters()
+      self.learner.host.forget()
     self.stream.read_from(int(self.stream_shift.numpy()))
     if self.corpora:
-      self.corpora.resume(self.learner.host_micro_step())
+      self.corpora.resume(self.learner.host.micro_step())
     self.recovery.rolled_back(read, path, self.log.writer)
     update = int(self.learner.update_step.numpy())
     self.milestones.start(update)
@@ -363,7 +363,7 @@ class Trainer:
     self.log.writer.flush()
     self.evaluations.flush()
     reason = self._stop_reason(stop, update)
-    micro_step = learner.host_micro_step()
+    micro_step = learner.host.micro_step()
     logging.info("stopped: %s; update %d, micro-step %d, %s", reason, update, micro_step, path)
     for line in self.recovery.summary_lines():
       logging.info("%s", line)

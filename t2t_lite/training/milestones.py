@@ -137,7 +137,7 @@ class Milestones:
       # start (the counter's past may have run on another layout, or skipped updates).
       ahead = (accumulation.micro_steps(start) - accumulation.micro_steps(update)
                if update < start else 0)
-      done = self.learner.host_micro_step() - self.learner.position()  # at the update's start
+      done = self.learner.host.micro_step() - self.learner.host.position()  # at the update's start
       chosen = self.run_steps.replicas * (done + ahead)
     self.sampled_from.assign(chosen)
     self.switch = chosen

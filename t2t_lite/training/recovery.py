@@ -122,10 +122,10 @@ class Recovery:
     """The run stands at the checkpoint restored (`path`; None: its initial state): its
     record is the run's so far and the new rollback, whose span will be skipped; say so."""
     learner, replicas = self.learner, self.replicas
-    restored = learner.host_micro_step()
+    restored = learner.host.micro_step()
     first = max(read["diverged_from"], restored) * replicas
     end = read["diverged_to"] * replicas
-    if learner.position() and restored * replicas > read["diverged_from"] * replicas:
+    if learner.host.position() and restored * replicas > read["diverged_from"] * replicas:
       raise RunError(f"cannot roll back past update {read['diverged_update']}: the newest "
                      f"checkpoint, {path}, was saved mid-update inside the span that "
                      "diverged; resume from an older one (move the newer ones away)")
@@ -163,9 +163,9 @@ class Recovery:
     learner's counter and the stream's position) and lowers the learning rate for the
     updates that follow."""
     learner = self.learner
-    if not self._rows or learner.position():
+    if not self._rows or learner.host.position():
       return
-    batch = learner.host_micro_step() * self.replicas
+    batch = learner.host.micro_step() * self.replicas
     span = next(((a, b) for _, a, b, _ in self._rows if a <= batch < b), None)
     if span is None:
       return

@@ -82,7 +82,7 @@ class Resume:
       return None
     self.checkpoints.restored(number, path)
     learner = self.learner
-    learner.forget_host_counters()
+    learner.host.forget()
     upgrade(learner, self.lacks, self.record, path)
     take_per_variable(learner, self.per_variable, path, self._recorded("frozen_parts"))
     move_layout(learner, self.run_steps, path, self.allow_hparams_change,
@@ -219,7 +219,7 @@ def take_per_variable(learner, per_variable, path: str, frozen_then: str) -> Non
   gradients of the update in progress would cover only some variables."""
   if not per_variable.changed:
     return
-  position = learner.position()
+  position = learner.host.position()
   if position:
     update = int(learner.update_step.numpy()) + 1
     raise UsageError(
@@ -315,7 +315,7 @@ def replan_stream(stream, recorded, learner, replicas: int, shift: int, path: st
     raise UsageError(f"resuming {path} with {changed} would re-plan a training stream of "
                      "several corpora or sampled segmentations, which this version does not "
                      "do; resume with the recorded values")
-  position = learner.position()
+  position = learner.host.position()
   if position:
     update = int(learner.update_step.numpy()) + 1
     raise UsageError(f"checkpoint {path} was written mid-update ({position} micro-steps of "
@@ -351,7 +351,7 @@ def move_layout(learner, run_steps, path: str, allow_change: bool,
   if (old_replicas, old_steps) == (run_steps.replicas, steps):
     return
   update = int(learner.update_step.numpy())
-  position = learner.position()
+  position = learner.host.position()
   layouts = f"from {describe(old_replicas, old_steps)} to {describe(run_steps.replicas, steps)}"
   if position:
     raise UsageError(
