@@ -21,10 +21,11 @@ class Counters:
     self.cooldown = "linear_cooldown" in hparams.learning_rate_schedule
     self.cooldown_end = tf.Variable(0, dtype=tf.int64)
     self.schedule = AccumulateSchedule.constant(hparams.optimizer_multistep_accumulate_steps)
-    self.micro_step = micro_step
+    self.host = self  # (the host's counters: micro_step() and position())
+    self._micro_step = micro_step
 
-  def host_micro_step(self):
-    return self.micro_step
+  def micro_step(self):
+    return self._micro_step
 
   def fix_cooldown_end(self, end):
     self.cooldown_end.assign(end)
@@ -86,7 +87,7 @@ def test_a_budget_too_short_for_the_minimum_keeps_the_one_best_and_a_long_one_sw
     assert milestones.switch == UNDECIDED
     agree = lambda value: value  # noqa: E731
     milestones.check_budget(80, 100.0, deadline, agree)
-    learner.micro_step = 95
+    learner._micro_step = 95
     milestones.check_budget(95, 115.0, deadline, agree)  # the last check before update 100
     assert milestones.switch == expected, deadline
 
