@@ -131,9 +131,13 @@ def test_a_loss_spike_recovers_the_same_uninterrupted_and_killed(multi30k_data, 
   os.environ["T2T_LITE_FAULT"] = "spike:7"
   try:
     trainer = _trainer(multi30k_data, output_dir)
+    trainer.restore()  # a new run: its initial state kept until the first save
+    initial = trainer.recovery.initial.folder
+    assert os.path.isfile(os.path.join(initial, "initial.index"))
     trainer._after_update = lambda tried: trainer.recovery.count() and \
         trainer.stops.signal is None and trainer.stops.request(15)
     assert trainer.train()["stop_reason"] == "signal 15"
+    assert not os.path.exists(initial)
     name, state = _state(output_dir)
     assert name == "ckpt-5" and state["divergence/history"][0].tolist() == [7, 6, 7, 2]
     _trainer(multi30k_data, output_dir).train()

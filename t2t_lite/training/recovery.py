@@ -14,8 +14,8 @@ naming them):
    none yet goes back to the state it started from);
 2. records, in the checkpoint's `divergence` state, the span of micro-batches to skip: from
    the first micro-batch of the first update that diverged (for a non-finite run, the first
-   of the run; never before the checkpoint restored) to the last one read before the
-   divergence was noticed, as global batch numbers of the training stream;
+   of the run; never before the checkpoint restored) to the last micro-batch of the update
+   at which the device noticed it, as global batch numbers of the training stream;
 3. trains on from the checkpoint on the same batches as before up to the span, moves the data
    position past it, and trains the next `recovery_lr_updates` updates at
    `recovery_lr_factor` times the learning rate.
@@ -39,7 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_lite.core.errors import RunError
-from t2t_lite.core.files import writer_tag
+from t2t_lite.core.files import remove_stale_temporaries, writer_tag
 from t2t_lite.training.divergence import KINDS, NONFINITE
 
 # The local folder that holds the state a new run started from, until its first save.
@@ -58,9 +58,11 @@ def describe_divergence(read: dict, hparams) -> str:
 
 class InitialState:
   """The state a new run starts from, written locally (every worker its own) so that a
-  divergence before the first checkpoint can roll back to it; removed at the first save."""
+  divergence before the first checkpoint can roll back to it; removed at the first save (and
+  what killed runs of this host left, at the start of the next)."""
 
   def __init__(self, checkpoint: tf.train.Checkpoint):
+    remove_stale_temporaries(tempfile.gettempdir(), INITIAL)
     self.folder = tempfile.mkdtemp(prefix=f"{INITIAL}{writer_tag()}.")
     self.path = checkpoint.write(os.path.join(self.folder, "initial"))
 
