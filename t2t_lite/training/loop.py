@@ -4,8 +4,9 @@ The loop's collaborators each sit in their own module: `learner` (the compiled m
 and updates), `milestones` (the run's last update and its segmentation switch), `stream` (the
 training batches), `checkpoints` (save, restore, multi-worker agreement), `layouts` (resuming
 on another layout), `train_log` (progress lines and summaries), `clock` (the time budget and
-what the workers agree on), `evaluation` (dev loss, perplexity, BLEU, the best model) and
-`faults` (fault injection for the reliability tests).
+what the workers agree on), `evaluation` (dev loss, perplexity, BLEU, the best model),
+`recovery` (rolling back a diverging run) and `faults` (fault injection for the reliability
+tests).
 
 Checkpoints (`output_dir/ckpt-<micro-batches>`, counting the micro-batches of all replicas)
 hold the model, Adam's slots and step, the accumulators and token counter, the micro-step
