@@ -140,29 +140,28 @@ class Faults(NoFaults):
       loss = fault.reported_loss(loss, micro_step)
     return loss
 
-  def after_micro_step(self, micro_step: int, request_stop) -> None:
+  def _each(self, hook: str, *args) -> None:
     for fault in self.faults:
-      fault.after_micro_step(micro_step, request_stop)
+      getattr(fault, hook)(*args)
+
+  def after_micro_step(self, micro_step: int, request_stop) -> None:
+    self._each("after_micro_step", micro_step, request_stop)
 
   def save(self, manager, checkpoint, number: int) -> str:
     saving = [fault for fault in self.faults if fault.kind in ("save", "nospace")]
     return (saving[0] if saving else super()).save(manager, checkpoint, number)
 
   def evaluating(self) -> None:
-    for fault in self.faults:
-      fault.evaluating()
+    self._each("evaluating")
 
   def rolled_back(self) -> None:
-    for fault in self.faults:
-      fault.rolled_back()
+    self._each("rolled_back")
 
   def export_written(self) -> None:
-    for fault in self.faults:
-      fault.export_written()
+    self._each("export_written")
 
   def datagen_written(self) -> None:
-    for fault in self.faults:
-      fault.datagen_written()
+    self._each("datagen_written")
 
 
 def _one(spec: str) -> InjectedFault:
